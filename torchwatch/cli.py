@@ -1,0 +1,103 @@
+"""Command line: ``torchwatch run [OPTIONS] -- CMD...`` and ``torchwatch attach [OPTIONS] PID``.
+
+Errors are one line on stderr with a hint; exit 2 for usage, 1 for "cannot watch"; never a
+traceback (DESIGN.md CLI contract).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+from torchwatch import __version__
+from torchwatch.errors import TorchwatchError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line with a hint, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, f"see: {self.prog} --help")
+
+
+def _duration(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--duration must be a number of seconds, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"--duration must be a positive number of seconds, not {text}")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--headless", action="store_true",
+                   help="no TUI: a live status line on stderr, the final report on stdout")
+    p.add_argument("--duration", type=_duration, metavar="SECONDS",
+                   help="stop watching after SECONDS (run: then stop the command with SIGINT, SIGTERM, SIGKILL)")
+    p.add_argument("--json", metavar="PATH", help="also write the final report as JSON ('-' for stdout)")
+    p.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[],
+                   help="add or override rules from the *.toml files in DIR (repeatable)")
+    p.add_argument("--window", type=_duration, default=10.0, metavar="SECONDS",
+                   help="seconds of readings each verdict is computed over (default: 10)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = _Parser(prog="torchwatch", description="Tells you, live, why your PyTorch training is slow.")
+    parser.add_argument("--version", action="version", version=f"torchwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = sub.add_parser("run", help="launch a training command and watch it",
+                         description="Launch COMMAND and watch it; exits with COMMAND's exit code.",
+                         usage="torchwatch run [OPTIONS] -- COMMAND [ARGS...]")
+    _common(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command")
+    attach = sub.add_parser("attach", help="watch a running training process",
+                            description="Watch the running process PID and its children.")
+    _common(attach)
+    attach.add_argument("pid", metavar="PID", help="PID of the training process")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from torchwatch.watch import WatchOptions, run_command
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command to run", "usage: torchwatch run [OPTIONS] -- python train.py")
+    return run_command(cmd, WatchOptions.from_args(args))
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from torchwatch.watch import WatchOptions, attach_pid
+
+    try:
+        pid = int(args.pid)
+    except ValueError:
+        raise UsageError(f"PID must be a number, not {args.pid!r}", "find it with: pgrep -af python") from None
+    return attach_pid(pid, WatchOptions.from_args(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``torchwatch`` console script. Returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return _run(args) if args.command == "run" else _attach(args)
+    except TorchwatchError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("torchwatch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

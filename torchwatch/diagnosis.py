@@ -1,0 +1,197 @@
+"""Rules over features → findings → one verdict.
+
+The label follows DESIGN.md's order: the first of gpu-bound, io-bound, dataloader-bound,
+cpu-bound that a warning or critical finding argues for; otherwise ``undetermined``.
+
+Confidence (0..1) says how much of the loop's wall time the winning evidence explains and
+how sure the inputs are: ``min(0.95, 0.5 + measure) * coverage * dominance`` where
+``measure`` is the winning finding's explained share, ``coverage`` grows with the number of
+samples behind the stack and thread shares (full at 3 s of data), and ``dominance`` is
+``measure / max(measure of any deciding finding)`` (lower when a later label explains more).
+
+Stability: a rule's condition must hold for its ``for`` seconds before it fires, and be false
+for as long before it stops firing (hold and release), so a steady run does not flap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from torchwatch import expr
+from torchwatch.cpus import suggested_workers
+from torchwatch.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
+from torchwatch.rules_engine import LABELS, Rule, fill
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change to make: what (title) and to what, why (detail)."""
+
+    title: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"title": self.title, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A rule that fired: its label, severity, explained share, evidence and fixes."""
+
+    rule: str
+    label: str
+    severity: str
+    summary: str
+    measure: float | None
+    evidence: dict[str, float | None]
+    fixes: tuple[Fix, ...]
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "label": self.label, "severity": self.severity, "summary": self.summary,
+                "evidence": {k: _round(v) for k, v in self.evidence.items()},
+                "fixes": [f.to_json() for f in self.fixes], "source": self.source}
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A rule that could not be evaluated: the missing feature and why it is missing."""
+
+    rule: str
+    missing: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"rule": self.rule, "missing": self.missing, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The label, a confidence 0..1 and one sentence."""
+
+    label: str
+    confidence: float
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "confidence": round(self.confidence, 2), "summary": self.summary}
+
+
+@dataclass
+class Analysis:
+    """One evaluation of every rule at time ``t``."""
+
+    t: float
+    features: Features
+    findings: list[Finding] = field(default_factory=list)
+    not_applicable: list[NotApplicable] = field(default_factory=list)
+    verdict: Verdict = field(default_factory=lambda: Verdict("undetermined", 0.0, "Collecting evidence."))
+
+
+def _round(v: float | None) -> float | None:
+    if v is None or not math.isfinite(v):
+        return None
+    return round(v, 4)
+
+
+def template_values(features: Features) -> dict[str, Any]:
+    """Features plus the derived values fix templates may use (:data:`rules_engine.TEMPLATE_VALUES`)."""
+    values: dict[str, Any] = dict(features)
+    cpus = features.get("usable_cpus")
+    values["suggested_workers"] = suggested_workers(cpus) if cpus else None
+    return values
+
+
+class Diagnoser:
+    """Evaluates rules over successive feature sets, with per-rule hold and release times.
+
+    Args:
+        rules: loaded rules.
+        why_missing: returns why a feature is missing (e.g. the reason of its source), for
+            the report's not-applicable list.
+    """
+
+    def __init__(self, rules: list[Rule], why_missing: Any = None) -> None:
+        self.rules = rules
+        self.why_missing = why_missing or (lambda name: "not measured")
+        self._true_since: dict[str, float] = {}
+        self._false_since: dict[str, float] = {}
+        self._firing: set[str] = set()
+
+    def evaluate(self, features: Features, now: float) -> Analysis:
+        """Evaluate every rule on ``features`` taken at ``now`` (monotonic seconds)."""
+        analysis = Analysis(t=now, features=features)
+        values = template_values(features)
+        for rule in self.rules:
+            try:
+                holds = bool(rule.when.evaluate(values))
+            except expr.Missing as missing:
+                analysis.not_applicable.append(NotApplicable(rule.id, missing.name, self.why_missing(missing.name)))
+                self._firing.discard(rule.id)
+                self._true_since.pop(rule.id, None)
+                continue
+            if not self._update(rule, holds, now):
+                continue
+            analysis.findings.append(self._finding(rule, values))
+        analysis.verdict = self._verdict(analysis.findings, features)
+        return analysis
+
+    def _update(self, rule: Rule, holds: bool, now: float) -> bool:
+        if holds:
+            self._false_since.pop(rule.id, None)
+            since = self._true_since.setdefault(rule.id, now)
+            if now - since >= rule.hold_s:
+                self._firing.add(rule.id)
+        else:
+            self._true_since.pop(rule.id, None)
+            since = self._false_since.setdefault(rule.id, now)
+            if now - since >= rule.hold_s:
+                self._firing.discard(rule.id)
+        return rule.id in self._firing
+
+    @staticmethod
+    def _finding(rule: Rule, values: Mapping[str, Any]) -> Finding:
+        measure = None
+        if rule.measure is not None:
+            try:
+                measure = float(rule.measure.evaluate(values))
+            except (expr.Missing, TypeError, ValueError):
+                measure = None
+        fixes = []
+        for fx in rule.fixes:
+            if fx.when is not None:
+                try:
+                    if not fx.when.evaluate(values):
+                        continue
+                except expr.Missing:
+                    continue
+            fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values)))
+        evidence = {name: values.get(name) for name in rule.evidence}
+        return Finding(rule.id, rule.label, rule.severity, fill(rule.summary, values), measure, evidence,
+                       tuple(fixes), rule.source)
+
+    @staticmethod
+    def _verdict(findings: list[Finding], features: Features) -> Verdict:
+        deciding = [f for f in findings if f.severity != "info" and f.label != "undetermined"]
+        stack_n = features.get("stack_samples") or 0.0
+        thread_n = features.get("thread_samples") or 0.0
+        if not deciding:
+            if stack_n < MIN_STACK_SAMPLES and thread_n < MIN_THREAD_SAMPLES:
+                return Verdict("undetermined", 0.0, "Collecting evidence: not enough samples of the loop yet.")
+            idle = [f for f in findings if f.label == "undetermined"]
+            if idle:
+                return Verdict("undetermined", 0.5, idle[0].summary)
+            return Verdict("undetermined", 0.3,
+                           "No resource is seen limiting the loop: no rule's threshold is crossed.")
+        order = {label: i for i, label in enumerate(LABELS)}
+        deciding.sort(key=lambda f: (order[f.label], -(f.measure or 0.0), f.severity != "critical"))
+        win = deciding[0]
+        measure = win.measure if win.measure is not None else 0.3
+        best = max((f.measure or 0.0) for f in deciding)
+        dominance = measure / best if best > 0 else 1.0
+        # 60 stack samples = 3 s at 20 Hz; 30 thread samples = 3 s at 10 Hz.
+        coverage = min(1.0, max(stack_n / 60.0, thread_n / 30.0))
+        confidence = min(0.95, 0.5 + measure) * coverage * dominance
+        return Verdict(win.label, max(0.05, confidence), win.summary)

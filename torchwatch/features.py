@@ -1,0 +1,268 @@
+"""Features: pure functions from a :class:`~torchwatch.store.Window` to named numbers.
+
+Every feature is declared once in :data:`CATALOGUE` with its unit and source; a value that
+cannot be computed (source unavailable, too few samples) is ``None``, never 0.
+
+Shares are fractions of the training loop's wall time, 0..1. "The loop" is the main thread
+of the first training process (rank). Stack shares come from py-spy; thread-state shares
+come from ``/proc`` sampled independently at 10 Hz. The two are joined by attribution:
+with ``num_workers=0`` the DataLoader runs in the main thread, so its disk, sleep and socket
+waits are counted against the time the stacks show in the DataLoader first (see
+:func:`_attribute_fetch`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from torchwatch import stacks
+from torchwatch.readings import Role, Wait
+from torchwatch.store import Window
+
+MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
+MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state shares are None
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes/s``, ``CPUs``) and source."""
+
+    name: str
+    unit: str
+    source: str
+    doc: str
+
+
+def _specs(*rows: tuple[str, str, str, str]) -> dict[str, FeatureSpec]:
+    return {r[0]: FeatureSpec(*r) for r in rows}
+
+
+CATALOGUE: dict[str, FeatureSpec] = _specs(
+    ("stack_samples", "count", "py-spy", "main-thread samples of the loop in the window (startup excluded)"),
+    ("startup_share", "share", "py-spy", "main-thread samples spent importing modules"),
+    ("data_wait_share", "share", "py-spy", "loop time inside a DataLoader iterator (__next__ / __iter__)"),
+    ("data_wait_queue_share", "share", "py-spy", "loop time waiting on DataLoader worker processes"),
+    ("data_wait_fetch_share", "share", "py-spy", "loop time running the dataset / collate in the main thread"),
+    ("data_wait_start_share", "share", "py-spy", "loop time starting DataLoader workers"),
+    ("forward_share", "share", "py-spy", "loop time in nn.Module calls"),
+    ("backward_share", "share", "py-spy", "loop time in autograd backward"),
+    ("optimizer_share", "share", "py-spy", "loop time in torch.optim (step, zero_grad)"),
+    ("other_code_share", "share", "py-spy", "loop time in other code (user Python, direct tensor ops)"),
+    ("thread_samples", "count", "proc", "main-thread state samples in the window"),
+    ("main_running_share", "share", "proc", "main thread on a CPU or runnable (state R)"),
+    ("main_disk_share", "share", "proc", "main thread blocked on storage (state D or a file read)"),
+    ("main_sleep_share", "share", "proc", "main thread in a timer sleep (nanosleep)"),
+    ("main_sync_share", "share", "proc", "main thread waiting on another thread or process (futex, poll, pipe)"),
+    ("main_net_share", "share", "proc", "main thread blocked reading a socket"),
+    ("worker_count", "count", "psutil", "DataLoader worker processes alive now"),
+    ("workers_running_fraction", "share", "proc", "of the workers' producing time, the part on CPU"),
+    ("workers_disk_fraction", "share", "proc", "of the workers' producing time, the part blocked on storage"),
+    ("workers_other_wait_fraction", "share", "proc", "of the workers' producing time, sleeping or on sockets"),
+    ("workers_busy_share", "share", "proc", "workers' main threads producing (not idle on their index queue)"),
+    ("fetch_cpu_share", "share", "py-spy+proc", "loop time the main thread computes samples (num_workers=0)"),
+    ("fetch_disk_share", "share", "py-spy+proc", "loop time the main thread reads storage inside the DataLoader"),
+    ("fetch_other_wait_share", "share", "py-spy+proc", "loop time the main thread sleeps / reads sockets inside the DataLoader"),
+    ("input_cpu_share", "share", "py-spy+proc", "loop time lost to CPU work of the data pipeline (main thread or workers)"),
+    ("storage_wait_share", "share", "py-spy+proc", "loop time lost to storage reads (main thread or workers)"),
+    ("input_other_wait_share", "share", "py-spy+proc", "loop time lost to data-pipeline sleeps / socket reads"),
+    ("loop_cpu_share", "share", "py-spy+proc", "main thread on CPU outside the data pipeline"),
+    ("main_cpu_pct", "%", "psutil", "training process CPU, % of one core (all its threads)"),
+    ("workers_cpu_pct", "%", "psutil", "all DataLoader workers' CPU, % of one core"),
+    ("read_bytes_per_s", "bytes/s", "psutil", "storage reads of the whole tree"),
+    ("rss_bytes", "bytes", "psutil", "resident memory of the whole tree"),
+    ("system_cpu_pct", "%", "psutil", "machine CPU busy, % of all CPUs"),
+    ("io_pressure_pct", "%", "psi", "wall time with at least one task stalled on IO (PSI some)"),
+    ("usable_cpus", "CPUs", "proc", "CPUs the training may use (affinity, cgroup quota)"),
+    ("gpu_count", "count", "nvml", "GPUs read (those the training uses, else all)"),
+    ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
+    ("gpu_power_ratio", "share", "nvml", "mean power draw / enforced power limit"),
+    ("gpu_mem_ratio", "share", "nvml", "peak device memory used / total"),
+)
+
+Features = dict[str, "float | None"]
+
+
+def _share(counter: Counter[str], key: str, total: int) -> float | None:
+    return counter[key] / total if total else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _stack_features(window: Window, main_pid: int | None) -> Features:
+    phases: Counter[str] = Counter()
+    parts: Counter[str] = Counter()
+    for s in window.stacks:
+        if not s.is_main_thread or (main_pid is not None and s.pid != main_pid):
+            continue
+        ph = stacks.phase(s.frames)
+        phases[ph] += s.count
+        if ph == "data":
+            parts[stacks.data_part(s.frames) or "other"] += s.count
+    startup = phases.pop("startup", 0)
+    total = sum(phases.values())
+    out: Features = {"stack_samples": float(total),
+                     "startup_share": startup / (startup + total) if startup + total else None}
+    enough = total >= MIN_STACK_SAMPLES
+    for key, name in (("data", "data_wait_share"), ("forward", "forward_share"), ("backward", "backward_share"),
+                      ("optimizer", "optimizer_share"), ("other", "other_code_share")):
+        out[name] = _share(phases, key, total) if enough else None
+    for key, name in (("queue", "data_wait_queue_share"), ("fetch", "data_wait_fetch_share"),
+                      ("start", "data_wait_start_share")):
+        out[name] = _share(parts, key, total) if enough else None
+    return out
+
+
+def _thread_features(window: Window, main_pid: int | None) -> Features:
+    main: Counter[Wait] = Counter()
+    # worker pid -> Counter of its main thread's waits (the thread that runs the dataset)
+    workers: dict[int, Counter[Wait]] = defaultdict(Counter)
+    for th in window.threads:
+        if not th.is_main_thread:
+            continue
+        if th.role is Role.MAIN and (main_pid is None or th.pid == main_pid):
+            main[th.wait] += 1
+        elif th.role is Role.WORKER:
+            workers[th.pid][th.wait] += 1
+    n = sum(main.values())
+    out: Features = {"thread_samples": float(n)}
+    ok = n >= MIN_THREAD_SAMPLES
+    out["main_running_share"] = main[Wait.RUNNING] / n if ok else None
+    out["main_disk_share"] = (main[Wait.DISK] + main[Wait.FILE]) / n if ok else None
+    out["main_sleep_share"] = main[Wait.SLEEP] / n if ok else None
+    out["main_sync_share"] = main[Wait.SYNC] / n if ok else None
+    out["main_net_share"] = main[Wait.NET] / n if ok else None
+
+    total: Counter[Wait] = Counter()
+    for c in workers.values():
+        total.update(c)
+    wn = sum(total.values())
+    running, disk = total[Wait.RUNNING], total[Wait.DISK] + total[Wait.FILE]
+    other = total[Wait.SLEEP] + total[Wait.NET]
+    producing = running + disk + other
+    out["workers_busy_share"] = producing / wn if wn >= MIN_THREAD_SAMPLES else None
+    good = wn >= MIN_THREAD_SAMPLES and producing >= 0.05 * wn
+    out["workers_running_fraction"] = running / producing if good else None
+    out["workers_disk_fraction"] = disk / producing if good else None
+    out["workers_other_wait_fraction"] = other / producing if good else None
+    return out
+
+
+def _attribute_fetch(f: Features) -> Features:
+    """Split main-thread data fetching (``num_workers=0``) into CPU, disk and other waits.
+
+    Stacks say *where* the main thread is, ``/proc`` states say *how* it spends the time; they
+    are sampled apart, so waits are attributed to the DataLoader first: storage, sleep and
+    socket waits happen while fetching samples far more often than in forward/backward.
+    """
+    fetch, disk = f.get("data_wait_fetch_share"), f.get("main_disk_share")
+    if fetch is None or disk is None:
+        return {"fetch_cpu_share": None, "fetch_disk_share": None, "fetch_other_wait_share": None}
+    other = (f.get("main_sleep_share") or 0.0) + (f.get("main_net_share") or 0.0)
+    fetch_disk = min(disk, fetch)
+    fetch_other = min(other, fetch - fetch_disk)
+    return {"fetch_disk_share": fetch_disk, "fetch_other_wait_share": fetch_other,
+            "fetch_cpu_share": max(0.0, fetch - fetch_disk - fetch_other)}
+
+
+def _combine(f: Features) -> Features:
+    queue = f.get("data_wait_queue_share")
+    wrun, wdisk, wother = (f.get("workers_running_fraction"), f.get("workers_disk_fraction"),
+                           f.get("workers_other_wait_fraction"))
+    fetch_cpu, fetch_disk, fetch_other = (f.get("fetch_cpu_share"), f.get("fetch_disk_share"),
+                                          f.get("fetch_other_wait_share"))
+    out: Features = {}
+
+    def via_workers(frac: float | None) -> float | None:
+        if queue is None:
+            return None
+        if queue < 0.01:
+            return 0.0
+        return None if frac is None else queue * frac
+
+    def add(a: float | None, b: float | None) -> float | None:
+        return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+    main_disk = f.get("main_disk_share")
+    # Main-thread storage waits outside the DataLoader (reads in the loop) count as well.
+    out["storage_wait_share"] = add(main_disk if main_disk is not None else fetch_disk, via_workers(wdisk))
+    out["input_cpu_share"] = add(fetch_cpu, via_workers(wrun))
+    out["input_other_wait_share"] = add(fetch_other, via_workers(wother))
+    running = f.get("main_running_share")
+    out["loop_cpu_share"] = None if running is None or fetch_cpu is None else max(0.0, running - fetch_cpu)
+    return out
+
+
+def _process_features(window: Window, main_pid: int | None) -> Features:
+    out: Features = {}
+    if not window.processes:
+        return {k: None for k in ("main_cpu_pct", "workers_cpu_pct", "read_bytes_per_s", "rss_bytes", "worker_count")}
+    last_t = window.processes[-1].t
+    latest = [p for p in window.processes if p.t == last_t]
+    by_t: dict[float, list[float]] = defaultdict(list)
+    main_cpu: list[float | None] = []
+    reads: dict[float, float] = defaultdict(float)
+    for p in window.processes:
+        if p.role is Role.MAIN and (main_pid is None or p.pid == main_pid):
+            main_cpu.append(p.cpu_pct)
+        elif p.role is Role.WORKER and p.cpu_pct is not None:
+            by_t[p.t].append(p.cpu_pct)
+        if p.read_bytes_per_s is not None:
+            reads[p.t] += p.read_bytes_per_s
+    out["main_cpu_pct"] = _mean(main_cpu)
+    out["workers_cpu_pct"] = _mean(sum(v) for v in by_t.values()) if by_t else (0.0 if main_cpu else None)
+    out["read_bytes_per_s"] = _mean(reads.values())
+    out["rss_bytes"] = float(sum(p.rss_bytes or 0 for p in latest))
+    out["worker_count"] = float(sum(1 for p in latest if p.role is Role.WORKER))
+    return out
+
+
+def _system_features(window: Window) -> Features:
+    return {
+        "system_cpu_pct": _mean(s.cpu_pct for s in window.system),
+        "io_pressure_pct": _mean(s.io_some_pct for s in window.system),
+        "usable_cpus": window.system[-1].usable_cpus if window.system else None,
+    }
+
+
+def _gpu_features(window: Window) -> Features:
+    if not window.gpus:
+        return {"gpu_count": None, "gpu_util_mean": None, "gpu_power_ratio": None, "gpu_mem_ratio": None}
+    used = {g.index for g in window.gpus if g.target_pids}
+    samples = [g for g in window.gpus if not used or g.index in used]
+    ratios = [g.power_w / g.power_limit_w for g in samples
+              if g.power_w is not None and g.power_limit_w]
+    mems = [g.mem_used_bytes / g.mem_total_bytes for g in samples
+            if g.mem_used_bytes is not None and g.mem_total_bytes]
+    return {
+        "gpu_count": float(len({g.index for g in samples})),
+        "gpu_util_mean": _mean(g.util_pct for g in samples),
+        "gpu_power_ratio": _mean(ratios),
+        "gpu_mem_ratio": max(mems) if mems else None,
+    }
+
+
+def compute(window: Window, main_pid: int | None) -> Features:
+    """All features of :data:`CATALOGUE` for ``window``.
+
+    Args:
+        window: readings of the last few seconds.
+        main_pid: the training process whose main thread is "the loop"; ``None`` takes any main.
+
+    Returns:
+        ``{name: value or None}`` with exactly the catalogue's keys.
+    """
+    f: Features = {}
+    f.update(_stack_features(window, main_pid))
+    f.update(_thread_features(window, main_pid))
+    f.update(_attribute_fetch(f))
+    f.update(_combine(f))
+    f.update(_process_features(window, main_pid))
+    f.update(_system_features(window))
+    f.update(_gpu_features(window))
+    return {name: f.get(name) for name in CATALOGUE}

@@ -1,0 +1,195 @@
+"""Typed readings that sources produce and features consume.
+
+Every reading carries a monotonic timestamp ``t`` in seconds (``time.monotonic()``).
+A value that could not be read is ``None``, never ``0``: absence is not zero. Each source
+also reports a :class:`SourceStatus` so the report can say *why* a value is missing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """State of one source (psutil, nvml, py-spy, hook)."""
+
+    OK = "ok"
+    UNAVAILABLE = "unavailable"
+    GONE = "gone"
+    STARTING = "starting"
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """What a source can tell right now.
+
+    Attributes:
+        status: ``ok``, ``unavailable`` (``reason`` and ``hint`` say why and what to do),
+            ``gone`` (the target exited) or ``starting`` (no reading yet).
+        reason: one sentence, e.g. ``"NVML library not found (no NVIDIA driver)"``.
+        hint: the fix, e.g. ``"install the NVIDIA driver, or ignore on a CPU-only machine"``.
+    """
+
+    status: Status
+    reason: str | None = None
+    hint: str | None = None
+
+    @classmethod
+    def ok(cls) -> SourceStatus:
+        return cls(Status.OK)
+
+    @classmethod
+    def unavailable(cls, reason: str, hint: str | None = None) -> SourceStatus:
+        return cls(Status.UNAVAILABLE, reason, hint)
+
+    @classmethod
+    def gone(cls, reason: str = "the target process exited") -> SourceStatus:
+        return cls(Status.GONE, reason)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status.value}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.hint:
+            out["hint"] = self.hint
+        return out
+
+
+class Role(str, enum.Enum):
+    """Part a process plays in the watched tree."""
+
+    MAIN = "main"  # the training process (rank)
+    WORKER = "worker"  # a DataLoader worker (forked or spawned)
+    LAUNCHER = "launcher"  # a shell, pyenv shim or torchrun parent
+    HELPER = "helper"  # multiprocessing resource tracker, compile workers, ...
+    OTHER = "other"
+
+
+class Wait(str, enum.Enum):
+    """Why a thread that is not running is blocked, from its state and current syscall."""
+
+    RUNNING = "running"  # state R: on a CPU or runnable
+    DISK = "disk"  # state D: uninterruptible, almost always block IO
+    SLEEP = "sleep"  # nanosleep / clock_nanosleep: a timer
+    SYNC = "sync"  # futex / poll / select / epoll / pipe read: waiting on a thread or process
+    NET = "net"  # blocked reading a socket
+    FILE = "file"  # blocked in a read of a regular file (network file systems)
+    OTHER = "other"  # anything else (stopped, zombie, unknown syscall)
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process of the watched tree at time ``t`` (psutil).
+
+    Attributes:
+        cpu_pct: CPU use since the previous sample, % of one core (200 = two cores busy).
+        rss_bytes: resident set size, bytes.
+        read_bytes_per_s / write_bytes_per_s: storage bytes (``/proc/PID/io`` read_bytes,
+            write_bytes) per second since the previous sample; ``None`` when unreadable.
+    """
+
+    t: float
+    pid: int
+    ppid: int
+    role: Role
+    name: str
+    cmdline: tuple[str, ...]
+    cpu_pct: float | None
+    rss_bytes: int | None
+    read_bytes_per_s: float | None
+    write_bytes_per_s: float | None
+    num_threads: int
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    """State of one thread at time ``t`` (``/proc/PID/task/TID/{stat,syscall}``)."""
+
+    t: float
+    pid: int
+    tid: int
+    role: Role
+    is_main_thread: bool
+    state: str  # one letter from /proc stat: R, S, D, T, Z, I, ...
+    wait: Wait
+
+
+@dataclass(frozen=True)
+class SystemSample:
+    """Machine-wide readings at time ``t``.
+
+    Attributes:
+        cpu_pct: all CPUs busy, % of the machine (100 = every CPU busy).
+        io_some_pct: share of wall time in which at least one task stalled on IO, %, from
+            ``/proc/pressure/io`` (PSI ``some``) since the previous sample; ``None`` without PSI.
+        usable_cpus: CPUs the target may use: affinity, capped by the cgroup CPU quota.
+    """
+
+    t: float
+    cpu_pct: float | None
+    io_some_pct: float | None
+    usable_cpus: float | None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at time ``t`` (NVML). Units as NVML gives them, converted where named.
+
+    Attributes:
+        util_pct: % of the last sample period in which at least one kernel ran
+            (``nvmlDeviceGetUtilizationRates().gpu``); not "how busy the SMs are".
+        mem_used_bytes / mem_total_bytes: device memory, bytes.
+        power_w / power_limit_w: board power draw and enforced limit, W.
+        sm_clock_mhz: current SM clock, MHz.
+        pcie_tx_bytes_per_s / pcie_rx_bytes_per_s: PCIe throughput, bytes/s.
+        target_pids: PIDs of the watched tree that hold a context on this GPU.
+    """
+
+    t: float
+    index: int
+    name: str
+    util_pct: float | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    sm_clock_mhz: float | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+    target_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame: function name, file path and line."""
+
+    name: str
+    filename: str
+    line: int
+
+
+@dataclass(frozen=True)
+class StackSample:
+    """``count`` py-spy samples of one thread with the same stack, taken over a chunk.
+
+    ``frames`` run from the outermost call to the leaf. ``t`` is the end of the chunk.
+    """
+
+    t: float
+    pid: int
+    tid: int
+    thread_name: str
+    role: Role
+    is_main_thread: bool
+    frames: tuple[Frame, ...]
+    count: int
+
+
+@dataclass
+class HookState:
+    """What the in-process hook published (empty until the hook lands)."""
+
+    t: float
+    values: dict[str, Any] = field(default_factory=dict)

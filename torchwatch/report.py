@@ -1,0 +1,108 @@
+"""The final report: JSON (``torchwatch.report/1``, DESIGN.md contract) and text, and the live status line."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from torchwatch.diagnosis import Analysis
+from torchwatch.features import CATALOGUE
+from torchwatch.readings import SourceStatus
+
+SCHEMA = "torchwatch.report/1"
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v, 4)
+
+
+def build(analysis: Analysis, statuses: Mapping[str, SourceStatus], *, pid: int, cmdline: Sequence[str],
+          exit_code: int | None, window_s: float, watched_s: float,
+          history: Sequence[tuple[float, str]] = ()) -> dict[str, Any]:
+    """The report as a JSON-ready dict.
+
+    Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
+    ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
+    reason?, hint?}}, ``features`` {name: number | null}. Added: ``not_applicable``,
+    ``watched_seconds``, ``verdict_history`` and ``feature_units``.
+    """
+    return {
+        "schema": SCHEMA,
+        "target": {"pid": pid, "cmdline": list(cmdline), "exit_code": exit_code},
+        "window": {"seconds": float(window_s)},
+        "verdict": analysis.verdict.to_json(),
+        "findings": [f.to_json() for f in analysis.findings],
+        "not_applicable": [n.to_json() for n in analysis.not_applicable],
+        "sources": {name: st.to_json() for name, st in statuses.items()},
+        "features": {k: _num(v) for k, v in analysis.features.items()},
+        "feature_units": {k: spec.unit for k, spec in CATALOGUE.items()},
+        "watched_seconds": round(watched_s, 1),
+        "verdict_history": [{"t": t, "label": label} for t, label in history],
+    }
+
+
+def _fmt(name: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    unit = CATALOGUE[name].unit if name in CATALOGUE else ""
+    if unit == "share":
+        return f"{value:.0%}"
+    if unit == "%":
+        return f"{value:.0f}%"
+    if unit == "bytes/s":
+        return f"{value / 1e6:.1f} MB/s"
+    if unit == "bytes":
+        return f"{value / 1e6:.0f} MB"
+    return f"{value:g}"
+
+
+def status_text(name: str, st: SourceStatus) -> str:
+    """``name ok`` or ``name unavailable: reason``."""
+    text = f"{name} {st.status.value}"
+    return f"{text}: {st.reason}" if st.reason else text
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The report for a terminal: verdict, findings with evidence and fixes, sources."""
+    target, verdict = report["target"], report["verdict"]
+    cmd = " ".join(target["cmdline"]) or "?"
+    exit_part = "" if target["exit_code"] is None else f", exit {target['exit_code']}"
+    lines = [
+        f"torchwatch report: {cmd} (PID {target['pid']}{exit_part}), watched {report['watched_seconds']:.0f} s",
+        f"verdict: {verdict['label']} (confidence {verdict['confidence']:.2f})",
+        f"  {verdict['summary']}",
+    ]
+    if report["findings"]:
+        lines.append("findings:")
+    for f in report["findings"]:
+        lines.append(f"  [{f['severity']}] {f['rule']} -> {f['label']}: {f['summary']}")
+        ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f["evidence"].items())
+        lines.append(f"      evidence: {ev}")
+        for fx in f["fixes"]:
+            lines.append(f"      fix: {fx['title']}: {fx['detail']}")
+    srcs = "; ".join(f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
+                     for name, st in report["sources"].items())
+    lines.append(f"sources: {srcs}")
+    return "\n".join(lines)
+
+
+def status_line(analysis: Analysis | None, elapsed_s: float) -> str:
+    """One line for ``--headless`` live output on stderr."""
+    if analysis is None:
+        return f"torchwatch [{elapsed_s:4.0f}s] starting"
+    f, v = analysis.features, analysis.verdict
+    parts = [
+        f"torchwatch [{elapsed_s:4.0f}s] {v.label} ({v.confidence:.2f})",
+        f"data wait {_fmt('data_wait_share', f.get('data_wait_share'))}",
+        f"loop CPU {_fmt('main_running_share', f.get('main_running_share'))}",
+        f"disk wait {_fmt('storage_wait_share', f.get('storage_wait_share'))}",
+        f"workers {_fmt('worker_count', f.get('worker_count'))}",
+        f"GPU {_fmt('gpu_util_mean', f.get('gpu_util_mean'))}",
+    ]
+    return " | ".join(parts)
+
+
+def dumps(report: Mapping[str, Any]) -> str:
+    """JSON text of the report (indented, UTF-8 safe)."""
+    return json.dumps(report, indent=2, ensure_ascii=False)

@@ -1,0 +1,402 @@
+"""The watched process tree, from psutil and ``/proc``: processes, thread states, system load.
+
+Three pieces share one :class:`ProcessTree`:
+
+- :class:`ProcessTree` finds the training process(es) under the root PID and gives each
+  process a :class:`Role` (main, DataLoader worker, launcher, helper).
+- :class:`ProcSource` (1 Hz): CPU %, RSS and storage bytes/s of every process, system CPU and
+  IO pressure (PSI). ``cpu_times().iowait`` is 0 without kernel delay accounting, so IO waits
+  come from thread states and PSI instead.
+- :class:`ThreadStateSource` (10 Hz): for every thread of the main and worker processes, its
+  state letter and, for a blocked thread, the syscall it waits in (``/proc/PID/task/TID/syscall``),
+  so a wait is told apart: disk (state D), timer sleep, waiting on another thread or process,
+  socket or file read.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import psutil
+
+from torchwatch.cpus import usable_cpus
+from torchwatch.readings import (
+    ProcessSample,
+    Role,
+    SourceStatus,
+    SystemSample,
+    ThreadSample,
+    Wait,
+)
+
+# Launchers start ranks; they are watched for exit but never diagnosed as the training.
+_LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate")
+_HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "multiprocessing.forkserver")
+_SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "multiprocessing.popen_spawn")
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One process of the tree as last seen: ``pid``, parent, role, name and command line."""
+
+    pid: int
+    ppid: int
+    role: Role
+    name: str
+    cmdline: tuple[str, ...]
+    create_time: float
+
+
+def _is_python(name: str, cmdline: Sequence[str], exe: str) -> bool:
+    names = [name, os.path.basename(exe)]
+    if cmdline:
+        names.append(os.path.basename(cmdline[0]))
+    return any(n.startswith(("python", "pypy")) for n in names if n)
+
+
+def assign_roles(nodes: dict[int, tuple[int, str, tuple[str, ...], str]], root: int) -> dict[int, Role]:
+    """Give each process of a tree its role.
+
+    Args:
+        nodes: ``{pid: (ppid, name, cmdline, exe)}`` for the root and all its descendants.
+        root: the PID the user named (``attach``) or started (``run``).
+
+    Returns:
+        ``{pid: Role}``. The topmost Python process that is not a launcher is ``main``
+        (under torchrun every rank is ``main``); a Python child of a main with the same
+        command line (fork) or multiprocessing's spawn command line is a ``worker``.
+    """
+    roles: dict[int, Role] = {}
+
+    def visit(pid: int, main_above: int | None) -> None:
+        ppid, name, cmdline, exe = nodes[pid]
+        joined = " ".join(cmdline)
+        role = Role.OTHER
+        if not _is_python(name, cmdline, exe):
+            role = Role.LAUNCHER if main_above is None else Role.OTHER
+        elif any(m in joined for m in _HELPER_MARKERS):
+            role = Role.HELPER
+        elif main_above is None:
+            role = Role.LAUNCHER if any(m in joined for m in _LAUNCHER_MARKERS) else Role.MAIN
+        elif any(m in joined for m in _SPAWN_MARKERS) or cmdline == nodes[main_above][2]:
+            role = Role.WORKER
+        roles[pid] = role
+        below = pid if role is Role.MAIN else main_above
+        for child, (cppid, *_rest) in nodes.items():
+            if cppid == pid and child != pid and child not in roles:
+                visit(child, below)
+
+    if root in nodes:
+        visit(root, None)
+    return roles
+
+
+class ProcessTree:
+    """The root PID and its descendants with roles; refreshed by :class:`ProcSource`.
+
+    Thread-safe: samplers read snapshots while ProcSource refreshes.
+
+    Raises:
+        psutil.NoSuchProcess: from the constructor when ``root`` does not exist.
+    """
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._root_proc = psutil.Process(root)
+        self._lock = threading.Lock()
+        self._nodes: dict[int, TreeNode] = {}
+        self._procs: dict[int, psutil.Process] = {root: self._root_proc}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Walk the tree again (new workers appear, finished ones vanish)."""
+        try:
+            children = self._root_proc.children(recursive=True)
+        except psutil.Error:
+            children = []
+        raw: dict[int, tuple[int, str, tuple[str, ...], str]] = {}
+        procs: dict[int, psutil.Process] = {}
+        created: dict[int, float] = {}
+        for proc in [self._root_proc, *children]:
+            known = self._procs.get(proc.pid)
+            if known is not None and known.is_running():
+                proc = known
+            try:
+                with proc.oneshot():
+                    raw[proc.pid] = (proc.ppid(), proc.name(), tuple(proc.cmdline()), _exe(proc))
+                    created[proc.pid] = proc.create_time()
+            except psutil.Error:
+                continue
+            procs[proc.pid] = proc
+        roles = assign_roles(raw, self.root)
+        with self._lock:
+            self._procs = procs
+            self._nodes = {
+                pid: TreeNode(pid, raw[pid][0], roles.get(pid, Role.OTHER), raw[pid][1], raw[pid][2], created[pid])
+                for pid in raw
+            }
+
+    def nodes(self) -> dict[int, TreeNode]:
+        """A snapshot ``{pid: TreeNode}`` of the tree."""
+        with self._lock:
+            return dict(self._nodes)
+
+    def process(self, pid: int) -> psutil.Process | None:
+        """The cached psutil handle of ``pid`` (keeps psutil's CPU-time baseline)."""
+        with self._lock:
+            return self._procs.get(pid)
+
+    def pids(self) -> list[int]:
+        """Every PID of the tree."""
+        with self._lock:
+            return list(self._nodes)
+
+    def mains(self) -> list[int]:
+        """PIDs of the training processes (ranks), oldest first."""
+        with self._lock:
+            mains = [n for n in self._nodes.values() if n.role is Role.MAIN]
+        return [n.pid for n in sorted(mains, key=lambda n: (n.create_time, n.pid))]
+
+    def root_alive(self) -> bool:
+        """Whether the root process still runs (a zombie counts as exited)."""
+        try:
+            return self._root_proc.is_running() and self._root_proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def _exe(proc: psutil.Process) -> str:
+    try:
+        return proc.exe()
+    except psutil.Error:
+        return ""
+
+
+class ProcSource:
+    """CPU, memory and storage IO of each process of the tree, and system load (psutil, PSI).
+
+    Args:
+        tree: the tree to watch; ``sample`` refreshes it.
+        interval: seconds between samples (1.0: psutil's CPU-time counters tick at 100 Hz,
+            so shorter windows are noisy).
+    """
+
+    name = "psutil"
+
+    def __init__(self, tree: ProcessTree, interval: float = 1.0) -> None:
+        self.tree = tree
+        self.interval = interval
+        self.status = SourceStatus.ok()
+        # pid -> (t, cpu seconds, read_bytes, write_bytes, create_time)
+        self._prev: dict[int, tuple[float, float, int | None, int | None, float]] = {}
+        self._prev_psi: tuple[float, float] | None = None
+        self._psi_path = Path("/proc/pressure/io")
+        psutil.cpu_percent(interval=None)  # baseline for the first system sample
+
+    def sample(self, now: float) -> list[object]:
+        """One sample of every process and of the system; sets status ``gone`` when the root exited."""
+        self.tree.refresh()
+        if not self.tree.root_alive():
+            self.status = SourceStatus.gone()
+            return []
+        out: list[object] = []
+        seen: set[int] = set()
+        for pid, node in self.tree.nodes().items():
+            proc = self.tree.process(pid)
+            if proc is None:
+                continue
+            sample = self._sample_process(now, proc, node)
+            if sample is not None:
+                out.append(sample)
+                seen.add(pid)
+        self._prev = {pid: v for pid, v in self._prev.items() if pid in seen}
+        out.append(self._sample_system(now))
+        return out
+
+    def _sample_process(self, now: float, proc: psutil.Process, node: TreeNode) -> ProcessSample | None:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                cpu_s = times.user + times.system
+                rss = proc.memory_info().rss
+                nthreads = proc.num_threads()
+                try:
+                    io = proc.io_counters()
+                    rbytes, wbytes = io.read_bytes, io.write_bytes
+                except (psutil.AccessDenied, AttributeError):
+                    rbytes = wbytes = None
+        except psutil.Error:
+            return None
+        cpu_pct = read_rate = write_rate = None
+        prev = self._prev.get(node.pid)
+        if prev is not None and prev[4] == node.create_time and now > prev[0]:
+            dt = now - prev[0]
+            cpu_pct = 100.0 * (cpu_s - prev[1]) / dt
+            if rbytes is not None and prev[2] is not None:
+                read_rate = (rbytes - prev[2]) / dt
+            if wbytes is not None and prev[3] is not None:
+                write_rate = (wbytes - prev[3]) / dt
+        self._prev[node.pid] = (now, cpu_s, rbytes, wbytes, node.create_time)
+        return ProcessSample(
+            t=now, pid=node.pid, ppid=node.ppid, role=node.role, name=node.name, cmdline=node.cmdline,
+            cpu_pct=cpu_pct, rss_bytes=rss, read_bytes_per_s=read_rate, write_bytes_per_s=write_rate,
+            num_threads=nthreads,
+        )
+
+    def _sample_system(self, now: float) -> SystemSample:
+        io_some: float | None = None
+        try:
+            total_us = float(self._psi_path.read_text().split("total=")[1].split()[0])
+            if self._prev_psi is not None and now > self._prev_psi[0]:
+                io_some = 100.0 * (total_us - self._prev_psi[1]) / 1e6 / (now - self._prev_psi[0])
+            self._prev_psi = (now, total_us)
+        except (OSError, IndexError, ValueError):
+            pass
+        mains = self.tree.mains()
+        return SystemSample(
+            t=now,
+            cpu_pct=psutil.cpu_percent(interval=None),
+            io_some_pct=io_some,
+            usable_cpus=usable_cpus(mains[0] if mains else self.tree.root),
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+# Syscall numbers per architecture: (read family, socket receive, timer sleep, wait on others).
+_SYSCALLS: dict[str, tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]] = {
+    "x86_64": (
+        frozenset({0, 17, 19, 295, 327}),
+        frozenset({45, 47, 299}),
+        frozenset({35, 230}),
+        frozenset({202, 7, 271, 23, 270, 232, 281, 441, 61, 247, 34, 130, 128}),
+    ),
+    "aarch64": (
+        frozenset({63, 67, 65, 69, 286}),
+        frozenset({207, 212, 243}),
+        frozenset({101, 115}),
+        frozenset({98, 73, 72, 22, 441, 260, 95, 133, 137}),
+    ),
+}
+
+
+def classify_wait(state: str, syscall_line: str | None, fd_target: str | None = None,
+                  arch: str = platform.machine()) -> Wait:
+    """Why a thread is (not) running, from its state letter and ``/proc/.../syscall`` line.
+
+    Args:
+        state: third field of ``/proc/PID/task/TID/stat`` (``R``, ``S``, ``D``, ...).
+        syscall_line: content of ``/proc/PID/task/TID/syscall`` (``"running"``, ``"-1 ..."`` or
+            ``"NR arg1 ..."`` with hex args), or ``None`` when unreadable.
+        fd_target: ``readlink`` of the fd a read-family syscall reads (``pipe:[..]``,
+            ``socket:[..]``, a path), when known.
+        arch: ``platform.machine()``; syscall numbers differ per architecture.
+    """
+    if state == "R":
+        return Wait.RUNNING
+    if state == "D":
+        return Wait.DISK
+    if not syscall_line or syscall_line.startswith(("running", "-1")):
+        return Wait.OTHER
+    tables = _SYSCALLS.get(arch)
+    if tables is None:
+        return Wait.OTHER
+    reads, recvs, sleeps, syncs = tables
+    try:
+        nr = int(syscall_line.split()[0])
+    except ValueError:
+        return Wait.OTHER
+    if nr in sleeps:
+        return Wait.SLEEP
+    if nr in syncs:
+        return Wait.SYNC
+    if nr in recvs:
+        return Wait.NET
+    if nr in reads:
+        if fd_target is None:
+            return Wait.OTHER
+        if fd_target.startswith("pipe:"):
+            return Wait.SYNC
+        if fd_target.startswith("socket:"):
+            return Wait.NET
+        return Wait.FILE
+    return Wait.OTHER
+
+
+class ThreadStateSource:
+    """State and wait reason of every thread of the main and worker processes.
+
+    Sampling thread states at random instants estimates the share of time each thread
+    spends running, on disk, sleeping or waiting on others, whatever the length of each wait.
+
+    Args:
+        tree: the watched tree (roles decide which processes are sampled).
+        interval: seconds between rounds (0.1: ~30 file reads a round on a small tree).
+    """
+
+    name = "threads"
+
+    def __init__(self, tree: ProcessTree, interval: float = 0.1) -> None:
+        self.tree = tree
+        self.interval = interval
+        self.status = SourceStatus.ok()
+        self._syscall_denied = False
+
+    def sample(self, now: float) -> list[object]:
+        """One round over the threads of main and worker processes."""
+        out: list[object] = []
+        for pid, node in self.tree.nodes().items():
+            if node.role not in (Role.MAIN, Role.WORKER):
+                continue
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for name in tids:
+                sample = self._sample_thread(now, pid, int(name), node.role)
+                if sample is not None:
+                    out.append(sample)
+        return out
+
+    def _sample_thread(self, now: float, pid: int, tid: int, role: Role) -> ThreadSample | None:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{base}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        # comm may hold spaces and parens: the state follows the last ')'.
+        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode() or "?"
+        syscall = fd_target = None
+        if state not in ("R", "D") and not self._syscall_denied:
+            try:
+                with open(f"{base}/syscall") as f:
+                    syscall = f.read()
+            except PermissionError:
+                self._syscall_denied = True
+                self.status = SourceStatus.unavailable(
+                    "cannot read /proc/PID/task/TID/syscall (ptrace permission): waits are not split by cause",
+                    "run torchwatch as the target's user with ptrace allowed, or with CAP_SYS_PTRACE",
+                )
+            except OSError:
+                syscall = None
+            if syscall and not syscall.startswith(("running", "-1")):
+                parts = syscall.split()
+                if len(parts) > 1:
+                    try:
+                        fd_target = os.readlink(f"/proc/{pid}/fd/{int(parts[1], 16)}")
+                    except (OSError, ValueError):
+                        fd_target = None
+        return ThreadSample(
+            t=now, pid=pid, tid=tid, role=role, is_main_thread=(pid == tid), state=state,
+            wait=classify_wait(state, syscall, fd_target),
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,194 @@
+"""Python stacks of every thread of the training process, from ``py-spy record`` chunks.
+
+Scheme (measured on a 2-core machine, see bench/): ``py-spy record --nonblocking --idle
+--threads --format raw`` over chunks of a few seconds. ``--nonblocking`` never pauses the
+target (the default blocking mode slowed a torch loop ~40 % and hid DataLoader waits);
+``--idle`` keeps blocked threads, which is where DataLoader waits live. Each py-spy start
+costs ~0.06 CPU-s, so chunks are seconds long; ``--subprocesses`` more than doubled the cost,
+so workers are read from ``/proc`` thread states instead. ``record`` writes its file only at
+the end of a chunk and must never be stopped with SIGTERM (data lost): chunks simply run out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from torchwatch.readings import Frame, Role, SourceStatus, StackSample, Status
+
+_FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
+_THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
+_PROCESS_RE = re.compile(r'^process (?P<pid>\d+):')
+
+
+def find_pyspy() -> str | None:
+    """Path of the py-spy binary: next to this Python (pip installs it there), else on PATH."""
+    local = Path(sys.executable).parent / "py-spy"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("py-spy")
+
+
+def parse_raw(text: str, t: float, main_pid: int, role_of: Callable[[int], Role]) -> list[StackSample]:
+    """Parse py-spy's raw (collapsed) output into stack samples.
+
+    Args:
+        text: lines ``[process PID:"cmd";]...thread (TID): NAME;frame;...;leaf COUNT`` where a
+            frame is ``name (file:line)``, outermost first.
+        t: timestamp for every sample (end of the chunk), monotonic seconds.
+        main_pid: the PID py-spy was pointed at (used when lines carry no ``process`` frame).
+        role_of: role of a PID in the watched tree.
+
+    Returns:
+        One :class:`StackSample` per line; malformed lines are skipped.
+    """
+    out: list[StackSample] = []
+    for line in text.splitlines():
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        pid, tid, thread_name = main_pid, None, ""
+        frames: list[Frame] = []
+        for part in stack.split(";"):
+            if tid is None:
+                m = _PROCESS_RE.match(part)
+                if m:
+                    pid = int(m.group("pid"))
+                    continue
+                m = _THREAD_RE.match(part)
+                if m:
+                    raw = m.group("tid")
+                    tid = int(raw, 16) if raw.startswith("0x") else int(raw)
+                    thread_name = m.group("name") or ""
+                    continue
+            m = _FRAME_RE.match(part)
+            if m:
+                frames.append(Frame(m.group("name"), m.group("file"), int(m.group("line"))))
+        if tid is None:
+            continue
+        out.append(StackSample(
+            t=t, pid=pid, tid=tid, thread_name=thread_name, role=role_of(pid),
+            is_main_thread=(tid == pid), frames=tuple(frames), count=int(count_text),
+        ))
+    return out
+
+
+def explain_failure(stderr: str, pid: int) -> SourceStatus:
+    """Turn py-spy's error output into an ``unavailable`` status with the fix."""
+    low = stderr.lower()
+    if "permission denied" in low or "operation not permitted" in low or "eperm" in low:
+        scope = _ptrace_scope()
+        hint = "run torchwatch as root or with CAP_SYS_PTRACE (docker: --cap-add SYS_PTRACE)"
+        if scope not in (None, 0):
+            hint += f"; or allow ptrace: echo 0 | sudo tee /proc/sys/kernel/yama/ptrace_scope (now {scope})"
+        return SourceStatus.unavailable(f"py-spy may not read process {pid}: permission denied", hint)
+    if "failed to find python version" in low or "failed to find a python interpreter" in low:
+        return SourceStatus.unavailable(
+            f"py-spy found no Python interpreter in process {pid}",
+            "attach to the Python training process itself, or upgrade py-spy for a new Python version",
+        )
+    first = next((ln.strip() for ln in stderr.splitlines() if ln.strip()), "no output")
+    return SourceStatus.unavailable(f"py-spy failed: {first}", "pip install -U py-spy")
+
+
+def _ptrace_scope() -> int | None:
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class PySpySource:
+    """Stacks of every thread of the (first) training process, one py-spy chunk a call.
+
+    Args:
+        main_pid: returns the PID of the training process, or ``None`` while it is not known.
+        role_of: role of a PID in the watched tree.
+        alive: whether the watched root still runs.
+        rate: samples per second per thread (20: ~1-2 % of one core with 3 s chunks).
+        chunk: seconds per py-spy run; the first run is half as long for a faster verdict.
+        binary: py-spy path; default :func:`find_pyspy`.
+    """
+
+    name = "py-spy"
+
+    def __init__(self, main_pid: Callable[[], int | None], role_of: Callable[[int], Role],
+                 alive: Callable[[], bool], rate: int = 20, chunk: float = 3.0,
+                 binary: str | None = None) -> None:
+        self.main_pid = main_pid
+        self.role_of = role_of
+        self.alive = alive
+        self.rate = rate
+        self.chunk = chunk
+        self.interval = 0.0  # back to back: each call blocks for one chunk
+        self.binary = binary or find_pyspy()
+        self.status = SourceStatus(Status.STARTING) if self.binary else SourceStatus.unavailable(
+            "py-spy not found", "pip install py-spy (it ships the binary)")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._first = True
+        self._failures = 0
+        self._closed = False
+
+    def sample(self, now: float) -> list[object]:
+        """Record one chunk (blocks ``chunk`` seconds) and return its stack samples."""
+        if self.binary is None or self._closed or self.status.status is Status.UNAVAILABLE:
+            time.sleep(0.5)
+            return []
+        pid = self.main_pid()
+        if pid is None:
+            time.sleep(0.2)
+            return []
+        seconds = self.chunk / 2 if self._first else self.chunk
+        with tempfile.TemporaryDirectory(prefix="torchwatch-pyspy-") as tmp:
+            out_path = Path(tmp) / "raw.txt"
+            cmd = [self.binary, "record", "--nonblocking", "--idle", "--threads", "--full-filenames",
+                   "--format", "raw", "--rate", str(self.rate), "--duration", str(max(1, round(seconds))),
+                   "--pid", str(pid), "--output", str(out_path)]
+            try:
+                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE)
+                _, err = self._proc.communicate(timeout=seconds + 15)
+                code = self._proc.returncode
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+                return []
+            except OSError as exc:
+                self.status = SourceStatus.unavailable(f"cannot run py-spy: {exc}", "pip install py-spy")
+                return []
+            finally:
+                self._proc = None
+            text = out_path.read_text(errors="replace") if out_path.exists() else ""
+        end = time.monotonic()
+        if text:
+            self._first = False
+            self._failures = 0
+            self.status = SourceStatus.ok()
+            return list(parse_raw(text, end, pid, self.role_of))
+        if not self.alive():
+            self.status = SourceStatus.gone()
+            return []
+        if code != 0:
+            self._failures += 1
+            # A Python that is still starting has no interpreter state yet: retry a few times.
+            if self._failures >= 3 or "permission" in err.decode(errors="replace").lower():
+                self.status = explain_failure(err.decode(errors="replace"), pid)
+        return []
+
+    def close(self) -> None:
+        """Stop a running py-spy with SIGINT (SIGTERM would lose its data) and stop sampling."""
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(2)
+                proc.wait(timeout=3)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()

@@ -1,0 +1,84 @@
+"""Bounded, time-windowed storage of readings, shared by sampler threads and the analysis."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from torchwatch.readings import (
+    GpuSample,
+    HookState,
+    ProcessSample,
+    StackSample,
+    SystemSample,
+    ThreadSample,
+)
+
+
+@dataclass
+class Window:
+    """Readings from ``start`` to ``end`` (monotonic seconds), each list oldest first."""
+
+    start: float
+    end: float
+    processes: list[ProcessSample] = field(default_factory=list)
+    threads: list[ThreadSample] = field(default_factory=list)
+    system: list[SystemSample] = field(default_factory=list)
+    gpus: list[GpuSample] = field(default_factory=list)
+    stacks: list[StackSample] = field(default_factory=list)
+    hook: list[HookState] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """Length of the window, s."""
+        return max(0.0, self.end - self.start)
+
+
+_KINDS: dict[type, str] = {
+    ProcessSample: "processes",
+    ThreadSample: "threads",
+    SystemSample: "system",
+    GpuSample: "gpus",
+    StackSample: "stacks",
+    HookState: "hook",
+}
+
+
+class Store:
+    """Ring buffers of readings, trimmed to the last ``keep`` seconds.
+
+    Args:
+        keep: seconds of history kept (the TUI's sparklines and the report window read it).
+        max_items: hard cap per kind, so a runaway source cannot grow memory without bound.
+    """
+
+    def __init__(self, keep: float = 300.0, max_items: int = 200_000) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._buffers: dict[str, deque[object]] = {k: deque(maxlen=max_items) for k in _KINDS.values()}
+
+    def add(self, readings: Iterable[object]) -> None:
+        """Append readings of any known type; unknown objects are ignored."""
+        with self._lock:
+            for r in readings:
+                kind = _KINDS.get(type(r))
+                if kind is not None:
+                    self._buffers[kind].append(r)
+
+    def trim(self, now: float) -> None:
+        """Drop readings older than ``now - keep``."""
+        cutoff = now - self.keep
+        with self._lock:
+            for buf in self._buffers.values():
+                while buf and buf[0].t < cutoff:  # type: ignore[attr-defined]
+                    buf.popleft()
+
+    def window(self, start: float, end: float) -> Window:
+        """A copy of the readings with ``start <= t <= end``."""
+        w = Window(start=start, end=end)
+        with self._lock:
+            for kind, buf in self._buffers.items():
+                setattr(w, kind, [r for r in buf if start <= r.t <= end])  # type: ignore[attr-defined]
+        return w

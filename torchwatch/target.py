@@ -1,0 +1,183 @@
+"""Starting and finding the process to watch, and stopping it safely.
+
+Every failure here is a :class:`~torchwatch.errors.TorchwatchError` with a hint: the CLI
+prints one line and exits non-zero, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Sequence
+
+import psutil
+
+from torchwatch.errors import TorchwatchError, UsageError
+from torchwatch.sources.proc import ProcessTree
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler for ``signum`` (``/proc/PID/status`` ``SigCgt``, bit signum-1).
+
+    A signal such as SIGUSR2 kills a process that does not catch it (kineto#406), so this is
+    checked before any signal torchwatch sends to ask something of a process.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"PID {proc.pid} ({proc.name()})"
+    except psutil.Error:
+        return f"PID {proc.pid}"
+
+
+def check_attachable(pid: int) -> ProcessTree:
+    """Check that ``pid`` can be watched and return its tree.
+
+    Raises:
+        TorchwatchError: no such process, exited, owned by another user (without root),
+            or neither it nor a descendant is a Python process.
+    """
+    if pid <= 0:
+        raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -f train.py")
+    if pid == os.getpid():
+        raise TorchwatchError("torchwatch cannot watch itself", "give the PID of the training process")
+    try:
+        proc = psutil.Process(pid)
+        status = proc.status()
+    except psutil.NoSuchProcess:
+        raise TorchwatchError(f"no process with PID {pid}", "check the PID with: pgrep -af python") from None
+    except psutil.AccessDenied:
+        raise TorchwatchError(f"permission denied reading PID {pid}",
+                              "run torchwatch as the process's user, or with sudo") from None
+    if status == psutil.STATUS_ZOMBIE:
+        raise TorchwatchError(f"{_describe(proc)} has already exited", "start the training again and attach then")
+    if os.geteuid() != 0:
+        try:
+            owner = proc.uids().real
+        except psutil.Error:
+            owner = -1
+        if owner != os.getuid():
+            try:
+                user = proc.username()
+            except (psutil.Error, KeyError):
+                user = str(owner)
+            raise TorchwatchError(
+                f"{_describe(proc)} belongs to user {user}: torchwatch may not read its stacks, threads or IO",
+                f"run torchwatch as {user}, or with sudo",
+            )
+    try:
+        tree = ProcessTree(pid)
+    except psutil.NoSuchProcess:
+        raise TorchwatchError(f"{_describe(proc)} exited while attaching", "start it again") from None
+    except psutil.AccessDenied:
+        raise TorchwatchError(f"permission denied reading {_describe(proc)}",
+                              "run torchwatch as the process's user, or with sudo") from None
+    if not tree.mains():
+        raise TorchwatchError(
+            f"{_describe(proc)} is not a Python process and has no Python child",
+            "attach to the training's Python process: pgrep -af python",
+        )
+    return tree
+
+
+def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
+           stdin: int | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
+
+    Args:
+        command: program and arguments, e.g. ``["python", "train.py"]``.
+        stdout, stderr: where the child writes; ``None`` passes the terminal through untouched.
+        stdin: ``subprocess.DEVNULL`` when the TUI owns the terminal.
+
+    Raises:
+        UsageError: empty command.
+        TorchwatchError: the program is not found or not executable.
+    """
+    if not command:
+        raise UsageError("no command to run", "usage: torchwatch run [OPTIONS] -- python train.py")
+    program = command[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise TorchwatchError(f"command not found: {program}", "check the path")
+        if not os.access(program, os.X_OK) or os.path.isdir(program):
+            raise TorchwatchError(f"not executable: {program}", f"chmod +x {program}, or run it with python")
+    elif shutil.which(program) is None:
+        raise TorchwatchError(f"command not found: {program}",
+                              "check the spelling and PATH, e.g. torchwatch run -- python train.py")
+    try:
+        return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr)
+    except OSError as exc:
+        raise TorchwatchError(f"cannot start {program}: {exc.strerror or exc}", "check the command") from None
+
+
+def exit_status(returncode: int) -> int:
+    """Shell-style exit status: a child killed by signal N gives 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def stop_tree(child: subprocess.Popen[bytes], tree: ProcessTree | None, grace_s: float = 10.0,
+              interrupt: bool = True) -> int:
+    """Stop a launched command: SIGINT, then SIGTERM, then SIGKILL (DESIGN.md ``--duration``).
+
+    SIGINT goes to the root and to each training process that catches it (Python does by
+    default, so the training sees KeyboardInterrupt and its DataLoader shuts down cleanly);
+    SIGTERM and SIGKILL go to whatever is left of the tree after each grace period.
+
+    Args:
+        interrupt: send SIGINT first; ``False`` when the terminal's Ctrl-C already reached it.
+
+    Returns:
+        The child's shell-style exit status.
+    """
+    if child.poll() is not None:
+        return exit_status(child.returncode)
+    pids = [child.pid] + (tree.mains() if tree else [])
+    for pid in dict.fromkeys(pids):
+        if interrupt and catches(pid, signal.SIGINT):
+            _send(pid, signal.SIGINT)
+    if _wait(child, grace_s):
+        return exit_status(child.returncode)
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        for proc in _tree_procs(child.pid):
+            _send(proc.pid, sig)
+        if _wait(child, wait_s):
+            break
+    child.wait()
+    return exit_status(child.returncode)
+
+
+def _tree_procs(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait(child: subprocess.Popen[bytes], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            return True
+        time.sleep(0.05)
+    return child.poll() is not None
+

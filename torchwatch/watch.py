@@ -1,0 +1,174 @@
+"""What ``run`` and ``attach`` share: load rules, start a session, drive the TUI or the headless loop, report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import psutil
+
+from torchwatch import report
+from torchwatch.errors import TorchwatchError
+from torchwatch.rules_engine import Rule, load_rules
+from torchwatch.session import Session, SessionOptions
+from torchwatch.target import check_attachable, exit_status, launch, stop_tree
+
+STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on every label change
+
+
+@dataclass
+class WatchOptions:
+    """Options common to ``run`` and ``attach`` (see ``torchwatch run --help``)."""
+
+    headless: bool = False
+    duration: float | None = None
+    json_path: str | None = None
+    rules_dirs: list[Path] = field(default_factory=list)
+    window: float = 10.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WatchOptions:
+        return cls(args.headless, args.duration, args.json, list(args.rules), args.window)
+
+
+def _rules(opts: WatchOptions) -> list[Rule]:
+    return load_rules(opts.rules_dirs)
+
+
+def _check_json_path(path: str | None) -> None:
+    if path in (None, "-"):
+        return
+    parent = Path(path).expanduser().resolve().parent  # type: ignore[arg-type]
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise TorchwatchError(f"cannot write the JSON report to {path}: {parent} is not a writable directory",
+                              "give --json a path in an existing, writable directory")
+
+
+def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
+    """``torchwatch run``: start ``cmd``, watch it, report; returns the command's exit status.
+
+    Raises:
+        TorchwatchError: bad rules, unwritable ``--json`` path, command not found.
+    """
+    rules = _rules(opts)
+    _check_json_path(opts.json_path)
+    log_path: Path | None = None
+    if opts.headless:
+        child = launch(cmd)
+    else:
+        # The TUI owns the terminal: the training's output goes to a log shown when the app exits.
+        log_dir = Path(tempfile.mkdtemp(prefix="torchwatch-"))
+        log_path = log_dir / "training.log"
+        with open(log_path, "wb") as log:
+            child = launch(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        session = Session(child.pid, rules, SessionOptions(window_s=opts.window))
+    except psutil.NoSuchProcess:
+        code = exit_status(child.wait())
+        print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
+        return code
+    session.start()
+    code = _drive(session, child, opts, log_path)
+    return code if code is not None else 0
+
+
+def attach_pid(pid: int, opts: WatchOptions) -> int:
+    """``torchwatch attach``: watch a running process until it exits, ``--duration`` or Ctrl-C.
+
+    Raises:
+        TorchwatchError: see :func:`torchwatch.target.check_attachable`.
+    """
+    rules = _rules(opts)
+    _check_json_path(opts.json_path)
+    check_attachable(pid)
+    try:
+        session = Session(pid, rules, SessionOptions(window_s=opts.window))
+    except psutil.NoSuchProcess:
+        raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
+    session.start()
+    _drive(session, None, opts, None)
+    return 0
+
+
+def _drive(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions,
+           log_path: Path | None) -> int | None:
+    """Watch until the end, write the reports; returns the child's exit status (run) or None."""
+    start = time.monotonic()
+    code: int | None = None
+    try:
+        if opts.headless:
+            code = _headless(session, child, opts, start)
+        else:
+            from torchwatch.tui.app import WatchApp
+
+            app = WatchApp(session, child=child, duration=opts.duration)
+            app.run()
+            if child is not None:
+                code = stop_tree(child, session.tree) if child.poll() is None else exit_status(child.returncode)
+    except KeyboardInterrupt:
+        if child is not None:
+            # Ctrl-C reached the training too (same process group): give it time to stop itself.
+            code = stop_tree(child, session.tree, grace_s=10.0, interrupt=False)
+    finally:
+        session.stop()
+    if log_path is not None:
+        _show_log(log_path)
+    _write_reports(session, child, code, opts, time.monotonic() - start)
+    return code
+
+
+def _headless(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions,
+              start: float) -> int | None:
+    last_label, last_print = None, 0.0
+    while True:
+        now = time.monotonic()
+        if child is not None and child.poll() is not None:
+            return exit_status(child.returncode)
+        if child is None and session.target_gone:
+            return None
+        if opts.duration is not None and now - start >= opts.duration:
+            return stop_tree(child, session.tree) if child is not None else None
+        analysis = session.latest
+        label = analysis.verdict.label if analysis else None
+        if label != last_label or now - last_print >= STATUS_EVERY_S:
+            print(report.status_line(analysis, now - start), file=sys.stderr, flush=True)
+            last_label, last_print = label, now
+        time.sleep(0.25)
+
+
+def _show_log(path: Path, lines: int = 40) -> None:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    if text:
+        sys.stdout.write("\n".join(text[-lines:]) + "\n")
+        print(f"torchwatch: the training's output ({len(text)} lines) is in {path}", file=sys.stderr)
+
+
+def _write_reports(session: Session, child: subprocess.Popen[bytes] | None, code: int | None,
+                   opts: WatchOptions, watched_s: float) -> None:
+    analysis = session.final()
+    pid = child.pid if child is not None else session.tree.root
+    node = session.tree.nodes().get(session.main_pid or pid) or session.tree.nodes().get(pid)
+    cmdline = list(child.args) if child is not None else list(node.cmdline if node else ())  # type: ignore[arg-type]
+    data = report.build(analysis, session.statuses(), pid=pid, cmdline=cmdline, exit_code=code,
+                        window_s=session.options.window_s, watched_s=watched_s, history=session.history)
+    text = report.render_text(data)
+    if opts.json_path == "-":
+        print(text, file=sys.stderr)
+        print(report.dumps(data))
+    else:
+        print(text, flush=True)
+        if opts.json_path:
+            try:
+                Path(opts.json_path).expanduser().write_text(report.dumps(data) + "\n")
+            except OSError as exc:
+                print(f"torchwatch: error: cannot write {opts.json_path}: {exc.strerror or exc}", file=sys.stderr)
