@@ -58,7 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Watch the running process PID and its children.")
     _common(attach)
     attach.add_argument("pid", metavar="PID", help="PID of the training process")
+    rules = sub.add_parser("rules", help="check or list diagnosis rules")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser, required=True)
+    check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
+    check.add_argument("dir", type=Path, metavar="DIR")
+    listing = rules_sub.add_parser("list", help="print the rules in use with their thresholds' sources")
+    listing.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[],
+                         help="include the rules of DIR, as run and attach would")
     return parser
+
+
+def _rules_command(args: argparse.Namespace) -> int:
+    from torchwatch.rules_engine import load_dir, load_rules
+
+    if args.rules_command == "check":
+        found = load_dir(args.dir)
+        print(f"{len(found)} rule(s) OK in {args.dir}: {', '.join(r.id for r in found) or 'none'}")
+        return 0
+    for r in sorted(load_rules(args.rules), key=lambda r: r.id):
+        print(f"{r.id:28s} {r.label:17s} {r.severity:9s} when {r.when.text}")
+        print(f"{'':28s} source: {r.source}")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -90,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
+        if args.command == "rules":
+            return _rules_command(args)
         return _run(args) if args.command == "run" else _attach(args)
     except TorchwatchError as exc:
         print(exc.one_line(), file=sys.stderr)

@@ -188,10 +188,15 @@ class Diagnoser:
         order = {label: i for i, label in enumerate(LABELS)}
         deciding.sort(key=lambda f: (order[f.label], -(f.measure or 0.0), f.severity != "critical"))
         win = deciding[0]
-        measure = win.measure if win.measure is not None else 0.3
-        best = max((f.measure or 0.0) for f in deciding)
+        def explained(f: Finding) -> float:
+            # A rule without a measure claims a modest share; finite and within 0..1 always.
+            m = f.measure if f.measure is not None and math.isfinite(f.measure) else 0.3
+            return min(1.0, max(0.0, m))
+
+        measure = explained(win)
+        best = max(explained(f) for f in deciding)
         dominance = measure / best if best > 0 else 1.0
         # 60 stack samples = 3 s at 20 Hz; 30 thread samples = 3 s at 10 Hz.
         coverage = min(1.0, max(stack_n / 60.0, thread_n / 30.0))
         confidence = min(0.95, 0.5 + measure) * coverage * dominance
-        return Verdict(win.label, max(0.05, confidence), win.summary)
+        return Verdict(win.label, min(0.95, max(0.05, confidence)), win.summary)

@@ -40,7 +40,7 @@ class RuleError(TorchwatchError):
         where = f"{path}:{line}" if line else path
         super().__init__(
             f"bad rule file {where}: {problem}",
-            "fix the rule file, or check it with 'torchwatch rules check DIR'",
+            "fix the rule file, then check it with 'torchwatch rules check DIR'",
             exit_code=2,
         )
         self.path = path

@@ -28,7 +28,7 @@ _CMPOPS: dict[type, Callable[[Any, Any], bool]] = {
     ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
     ast.Eq: operator.eq, ast.NotEq: operator.ne,
 }
-FUNCTIONS: dict[str, int] = {"min": -1, "max": -1, "abs": 1, "default": 2, "known": 1, "clamp": 3}
+FUNCTIONS: dict[str, int] = {"min": -2, "max": -2, "abs": 1, "default": 2, "known": 1, "clamp": 3}
 
 
 class ExprError(ValueError):
@@ -118,8 +118,13 @@ def _check(node: ast.AST, names: set[str], known: Any) -> None:
                 raise ExprError(f"comparison {type(op).__name__} not allowed", col)
         return
     if isinstance(node, ast.Constant):
-        if isinstance(node.value, bool) or (isinstance(node.value, (int, float)) and math.isfinite(node.value)):
-            return
+        try:
+            # ints are evaluated as floats: a huge literal must fail here, not at evaluation
+            if isinstance(node.value, bool) or (isinstance(node.value, (int, float))
+                                                and math.isfinite(float(node.value))):
+                return
+        except OverflowError:
+            raise ExprError("number too large", col) from None
         raise ExprError(f"constant {node.value!r} not allowed (numbers and True/False only)", col)
     if isinstance(node, ast.Name):
         if node.id in ("True", "False"):
@@ -135,8 +140,8 @@ def _check(node: ast.AST, names: set[str], known: Any) -> None:
         if node.keywords:
             raise ExprError("keyword arguments not allowed", col)
         want = FUNCTIONS[node.func.id]
-        if (want >= 0 and len(node.args) != want) or (want < 0 and len(node.args) < 1):
-            raise ExprError(f"{node.func.id}() takes {want if want >= 0 else 'one or more'} arguments", col)
+        if (want >= 0 and len(node.args) != want) or (want < 0 and len(node.args) < -want):
+            raise ExprError(f"{node.func.id}() takes {want if want >= 0 else f'{-want} or more'} arguments", col)
         if node.func.id in ("default", "known") and not isinstance(node.args[0], ast.Name):
             raise ExprError(f"{node.func.id}() needs a feature name as first argument", col)
         return
@@ -145,7 +150,8 @@ def _check(node: ast.AST, names: set[str], known: Any) -> None:
 
 def _eval(node: ast.AST, values: Mapping[str, float | None]) -> Any:
     if isinstance(node, ast.Constant):
-        return node.value
+        value = node.value
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
     if isinstance(node, ast.Name):
         if node.id == "True":
             return True
@@ -168,7 +174,10 @@ def _eval(node: ast.AST, values: Mapping[str, float | None]) -> Any:
         left, right = _eval(node.left, values), _eval(node.right, values)
         if isinstance(node.op, ast.Div) and right == 0:
             return math.nan if left == 0 else math.copysign(math.inf, left)
-        return _BINOPS[type(node.op)](left, right)
+        try:
+            return _BINOPS[type(node.op)](left, right)
+        except OverflowError:
+            return math.copysign(math.inf, left) if left else math.inf
     if isinstance(node, ast.Compare):
         left = _eval(node.left, values)
         for op, comp in zip(node.ops, node.comparators):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchwatch import expr
-from torchwatch.errors import RuleError
+from torchwatch.errors import RuleError, UsageError
 from torchwatch.features import CATALOGUE
 
 if sys.version_info >= (3, 11):
@@ -156,7 +156,7 @@ def parse_rule(text: str, path: str) -> Rule:
             raise RuleError(path, None, f"missing key {key!r}")
         if not isinstance(data[key], str):
             raise fail(key, f"{key!r} must be a string")
-    if not _ID_RE.match(data["id"]):
+    if not _ID_RE.fullmatch(data["id"]):
         raise fail("id", "id must be lowercase letters, digits and dashes")
     if data["label"] not in LABELS:
         raise fail("label", f"label must be one of {', '.join(LABELS)}")
@@ -196,11 +196,14 @@ def parse_rule(text: str, path: str) -> Rule:
         bad = set(fx) - _FIX_KEYS
         if bad:
             raise fail(sorted(bad)[0], f"fix #{i + 1}: unknown key {sorted(bad)[0]!r}")
-        try:
-            title = _check_template(fx.get("title"), f"fix #{i + 1} title")
-            detail = _check_template(fx.get("detail"), f"fix #{i + 1} detail")
-        except ValueError as exc:
-            raise fail("title", str(exc), i) from None
+        templates = []
+        for key in ("title", "detail"):
+            try:
+                templates.append(_check_template(fx.get(key), f"fix #{i + 1} {key}"))
+            except ValueError as exc:
+                nth = sum(1 for f in fixes_raw[:i] if isinstance(f, dict) and key in f)
+                raise fail(key, str(exc), nth) from None
+        title, detail = templates
         cond = expression("when", fx["when"], 1 + sum(1 for f in fixes_raw[:i] if "when" in f)) \
             if "when" in fx else None
         fixes.append(FixTemplate(title, detail, cond))
@@ -224,10 +227,11 @@ def load_dir(directory: Path) -> list[Rule]:
     """Every ``*.toml`` rule of ``directory``, sorted by file name.
 
     Raises:
-        RuleError: the directory is missing, or any file is malformed, or two rules share an id.
+        UsageError: the directory is missing.
+        RuleError: a file is malformed, or two rules share an id.
     """
     if not directory.is_dir():
-        raise RuleError(str(directory), None, "no such directory")
+        raise UsageError(f"no rules directory {directory}", "give --rules (or rules check) an existing directory")
     rules = [load_file(p) for p in sorted(directory.glob("*.toml"))]
     _check_unique(rules)
     return rules

@@ -92,14 +92,8 @@ def check_attachable(pid: int) -> ProcessTree:
     return tree
 
 
-def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
-           stdin: int | None = None) -> subprocess.Popen[bytes]:
-    """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
-
-    Args:
-        command: program and arguments, e.g. ``["python", "train.py"]``.
-        stdout, stderr: where the child writes; ``None`` passes the terminal through untouched.
-        stdin: ``subprocess.DEVNULL`` when the TUI owns the terminal.
+def check_command(command: Sequence[str]) -> None:
+    """Check that ``command`` names a program that exists and is executable.
 
     Raises:
         UsageError: empty command.
@@ -116,6 +110,23 @@ def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[b
     elif shutil.which(program) is None:
         raise TorchwatchError(f"command not found: {program}",
                               "check the spelling and PATH, e.g. torchwatch run -- python train.py")
+
+
+def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
+           stdin: int | None = None) -> subprocess.Popen[bytes]:
+    """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
+
+    Args:
+        command: program and arguments, e.g. ``["python", "train.py"]``.
+        stdout, stderr: where the child writes; ``None`` passes the terminal through untouched.
+        stdin: ``subprocess.DEVNULL`` when the TUI owns the terminal.
+
+    Raises:
+        UsageError: empty command.
+        TorchwatchError: the program is not found or not executable.
+    """
+    check_command(command)
+    program = command[0]
     try:
         return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr)
     except OSError as exc:

@@ -18,7 +18,7 @@ from torchwatch import report
 from torchwatch.errors import TorchwatchError
 from torchwatch.rules_engine import Rule, load_rules
 from torchwatch.session import Session, SessionOptions
-from torchwatch.target import check_attachable, exit_status, launch, stop_tree
+from torchwatch.target import check_attachable, check_command, exit_status, launch, stop_tree
 
 STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on every label change
 
@@ -59,6 +59,7 @@ def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
     """
     rules = _rules(opts)
     _check_json_path(opts.json_path)
+    check_command(cmd)
     log_path: Path | None = None
     if opts.headless:
         child = launch(cmd)

@@ -1,0 +1,141 @@
+"""Demo training bottlenecked on storage I/O (expected torchwatch label: io-bound).
+
+Bottleneck: each sample is 32 scattered 4 KiB records of a 256 MiB data file, read
+in Dataset.__getitem__ with O_DIRECT (no page cache) one pread at a time at queue
+depth 1, so the process sleeps in uninterruptible I/O wait (thread state D) for
+most of every step; the MLP on top is tiny.  DEFAULT num_workers=0 (also
+--num-workers N).  If the filesystem refuses O_DIRECT (EINVAL, e.g. tmpfs) it
+falls back to buffered reads after posix_fadvise(DONTNEED) and warns once.
+
+The data file is created once (random bytes) and reused:
+$TORCHWATCH_DEMO_DIR/io_bound.bin, else $TMPDIR/torchwatch-demo/io_bound.bin,
+else /tmp/torchwatch-demo/io_bound.bin.
+
+--relieve removes the storage wait from the loop: the whole file is read ONCE up
+front with large sequential reads into RAM, and __getitem__ gathers the same
+records from memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+NAME = "io_bound"
+FILE_SIZE, BLOCK, READS, N_SAMPLES, BATCH = 256 << 20, 4096, 32, 4096, 32
+DATA_DIR = os.environ.get("TORCHWATCH_DEMO_DIR") or os.path.join(
+    tempfile.gettempdir(), "torchwatch-demo")
+
+
+def data_file() -> str:
+    """Path of the data file, created (random bytes, atomically) if missing."""
+    path = os.path.join(DATA_DIR, "io_bound.bin")
+    if os.path.exists(path) and os.path.getsize(path) == FILE_SIZE:
+        return path
+    os.makedirs(DATA_DIR, exist_ok=True)
+    _common.say(NAME, f"creating {FILE_SIZE >> 20} MiB data file {path}")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        for _ in range(FILE_SIZE // (1 << 20)):
+            f.write(os.urandom(1 << 20))
+    os.replace(tmp, path)
+    return path
+
+
+class Records(Dataset):
+    """Sample i = READS fixed, scattered BLOCK-sized records of the file."""
+
+    def __init__(self, path: str, in_memory: bool) -> None:
+        self.path = path
+        g = torch.Generator().manual_seed(1)
+        self.offsets = torch.randint(FILE_SIZE // BLOCK, (N_SAMPLES, READS), generator=g)
+        self.blocks = self.offsets.tolist()
+        self.pid, self.fd, self.direct = -1, -1, True
+        self.buf = mmap.mmap(-1, READS * BLOCK)  # page-aligned, as O_DIRECT needs
+        self.ram: torch.Tensor | None = self._read_all() if in_memory else None
+
+    def __getstate__(self) -> dict:
+        """For spawn-started workers: they open their own fd and buffer."""
+        return {**self.__dict__, "buf": None, "pid": -1, "fd": -1}
+
+    def _open(self) -> None:
+        """One fd per process (DataLoader workers are forked)."""
+        if self.pid == os.getpid():
+            return
+        self.pid, self.buf = os.getpid(), mmap.mmap(-1, READS * BLOCK)
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            os.preadv(self.fd, [memoryview(self.buf)[:BLOCK]], 0)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            if self.fd >= 0:
+                os.close(self.fd)
+            self.fd, self.direct = os.open(self.path, os.O_RDONLY), False
+            _common.say(NAME, "warning: O_DIRECT not supported here; using "
+                        "posix_fadvise(DONTNEED) + buffered reads instead")
+
+    def _read_all(self) -> torch.Tensor:
+        """--relieve: the whole file, in 8 MiB sequential reads, into RAM."""
+        self._open()
+        ram, chunk = mmap.mmap(-1, FILE_SIZE), 8 << 20
+        view = memoryview(ram)
+        for off in range(0, FILE_SIZE, chunk):
+            os.preadv(self.fd, [view[off:off + chunk]], off)
+        return torch.frombuffer(ram, dtype=torch.uint8).view(-1, BLOCK)
+
+    def __len__(self) -> int:
+        return N_SAMPLES
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.ram is not None:
+            return self.ram[self.offsets[i]]
+        else:
+            self._open()
+            view = memoryview(self.buf)
+            for j, b in enumerate(self.blocks[i]):  # queue depth 1: wait on each read
+                if not self.direct:
+                    os.posix_fadvise(self.fd, b * BLOCK, BLOCK, os.POSIX_FADV_DONTNEED)
+                os.preadv(self.fd, [view[j * BLOCK:(j + 1) * BLOCK]], b * BLOCK)
+        return torch.frombuffer(bytearray(self.buf), dtype=torch.uint8).view(READS, BLOCK)
+
+
+def main() -> None:
+    args = _common.parse_args(NAME, __doc__, num_workers=True)
+    _common.seed()
+    device = torch.device(args.device)
+    with _common.Run(NAME, device) as run:
+        data = Records(data_file(), in_memory=args.relieve)
+        loader = DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True,
+                            num_workers=args.num_workers,
+                            persistent_workers=args.num_workers > 0,
+                            pin_memory=device.type == "cuda")
+        model = nn.Sequential(nn.Linear(READS * 64, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step(batch: torch.Tensor) -> torch.Tensor:
+            raw = _common.to_device(batch, device)  # (BATCH, READS, BLOCK) uint8
+            x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1) / 255.0
+            y = (x[:, :64].mean(1) > 0.5).long()  # target: a function of the record bytes
+            loss = F.cross_entropy(model((x - 0.5) * 10), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        run.train(loader, step, args.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Helpers for tests that start real trainings from demo/ under torchwatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "demo"
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Watched:
+    """Result of one torchwatch process: exit code, output and the JSON report."""
+
+    code: int
+    stdout: str
+    stderr: str
+    report: dict[str, Any] | None
+
+
+def torchwatch(*args: str, timeout: float = 120, json_path: Path | None = None,
+               env: dict[str, str] | None = None, **popen: Any) -> Watched:
+    """Run ``python -m torchwatch ARGS`` to completion."""
+    proc = subprocess.run([sys.executable, "-m", "torchwatch", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env, **popen)
+    report = json.loads(json_path.read_text()) if json_path and json_path.exists() else None
+    return Watched(proc.returncode, proc.stdout, proc.stderr, report)
+
+
+def watch_demo(tmp_path: Path, demo: str, *demo_args: str, duration: float = 20.0) -> Watched:
+    """``torchwatch run --headless --duration D --json out -- python demo/DEMO.py ARGS``."""
+    out = tmp_path / f"{demo}-{int(time.time() * 1000)}.json"
+    return torchwatch("run", "--headless", "--duration", str(duration), "--json", str(out), "--",
+                      sys.executable, str(DEMO / f"{demo}.py"), "--device", "cpu", *demo_args,
+                      json_path=out, timeout=duration + 90)
+
+
+def python_children_of(pid: int) -> list[int]:
+    """PIDs still alive below ``pid`` (for orphan checks)."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture
+def demo_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONUNBUFFERED="1")

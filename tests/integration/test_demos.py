@@ -1,0 +1,45 @@
+"""Each demo's dominant bottleneck is named; relieving it changes the verdict (real trainings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import watch_demo
+
+pytestmark = pytest.mark.integration
+
+CASES = [
+    ("dataloader_bound", "dataloader-bound"),
+    ("io_bound", "io-bound"),
+    ("cpu_bound", "cpu-bound"),
+]
+
+
+@pytest.mark.parametrize(("demo", "label"), CASES)
+def test_demo_gets_its_label(tmp_path: Path, demo: str, label: str) -> None:
+    result = watch_demo(tmp_path, demo)
+    assert result.report is not None, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.report["verdict"]["label"] == label, result.stdout
+    assert result.report["verdict"]["confidence"] >= 0.3
+    deciding = [f for f in result.report["findings"] if f["label"] == label]
+    assert deciding and deciding[0]["fixes"], "the deciding finding must carry fixes"
+    # --duration stops the demo with SIGINT: it exits cleanly (0) or as interrupted (130).
+    assert result.code in (0, 130), result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("demo", "label"), CASES)
+def test_relieved_demo_changes_label(tmp_path: Path, demo: str, label: str) -> None:
+    result = watch_demo(tmp_path, demo, "--relieve")
+    assert result.report is not None, result.stderr[-2000:]
+    assert result.report["verdict"]["label"] != label, result.stdout
+
+
+def test_gpu_demo_on_cpu_is_cpu_bound(tmp_path: Path) -> None:
+    """Without a GPU the 'GPU' model computes on the CPU: the honest label is cpu-bound."""
+    result = watch_demo(tmp_path, "gpu_bound")
+    assert result.report is not None, result.stderr[-2000:]
+    assert result.report["verdict"]["label"] == "cpu-bound", result.stdout
+    assert result.report["sources"]["nvml"]["status"] in ("unavailable", "ok")

@@ -1,0 +1,140 @@
+"""torchwatch.cli.main in-process: usage errors exit 2, "cannot watch" exits 1, one line, a hint."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from torchwatch.cli import main
+
+GOOD_RULE = """\
+id = "mine"
+label = "io-bound"
+severity = "warning"
+summary = "s"
+when = "storage_wait_share >= 0.2"
+source = "test"
+"""
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("torchwatch: error:")
+    assert "hint:" in line
+    return line
+
+
+def test_no_arguments_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    _, err = capsys.readouterr()
+    assert "usage:" in err and "run" in err and "attach" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["run"], ["run", "--"], ["run", "--headless"]])
+def test_run_without_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "no command to run" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "abc", "inf", "nan"])
+def test_bad_duration(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--duration", value, "--", "definitely-not-a-command-xyz"]) == 2
+    assert "--duration" in one_error_line(capsys)
+
+
+def test_unknown_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "--frobnicate", "1"]) == 2
+    one_error_line(capsys)
+
+
+def test_attach_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "notanumber"]) == 2
+    assert "PID must be a number" in one_error_line(capsys)
+
+
+def test_attach_missing_pid(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach"]) == 2
+    one_error_line(capsys)
+
+
+def test_attach_no_such_pid(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "999999999"]) == 1
+    assert "no process with PID 999999999" in one_error_line(capsys)
+
+
+def test_attach_non_python_process(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert main(["attach", str(proc.pid)]) == 1
+        line = one_error_line(capsys)
+        assert "not a Python process" in line and str(proc.pid) in line
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_run_command_not_found(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the TUI log dir lands here
+    assert main(["run", "--", "definitely-not-a-command-xyz"]) == 1
+    assert "command not found: definitely-not-a-command-xyz" in one_error_line(capsys)
+
+
+def test_run_command_not_found_leaves_no_temp_dir(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["run", "--", "definitely-not-a-command-xyz"]) == 1
+    assert list(tmp_path.glob("torchwatch-*")) == []
+
+
+def test_run_headless_command_not_found(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--headless", "--", "definitely-not-a-command-xyz"]) == 1
+    assert "command not found" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--rules", "/nonexistent", "--", "definitely-not-a-command-xyz"],
+        ["attach", "--rules", "/nonexistent", "999999999"],
+    ],
+)
+def test_missing_rules_dir(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    line = one_error_line(capsys)
+    assert "/nonexistent" in line and "no such directory" in line
+
+
+def test_bad_rule_file_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "bad.toml").write_text(GOOD_RULE.replace('"io-bound"', '"slow"'))
+    assert (
+        main(["run", "--headless", "--rules", str(tmp_path), "--", "definitely-not-a-command-xyz"])
+        == 2
+    )
+    line = one_error_line(capsys)
+    assert f"{tmp_path / 'bad.toml'}:2" in line and "label must be one of" in line
+
+
+def test_rule_error_hint_names_an_existing_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "good.toml").write_text(GOOD_RULE)
+    assert main(["rules", "check", str(tmp_path)]) == 0
+
+
+def test_unwritable_json_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--headless", "--json", "/nonexistent/dir/r.json", "--", "true"]) == 1
+    assert "cannot write the JSON report" in one_error_line(capsys)

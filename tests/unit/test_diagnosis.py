@@ -1,0 +1,285 @@
+"""torchwatch.diagnosis with the shipped rules: firing, silence, not-applicable, verdict, hysteresis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from torchwatch.diagnosis import Analysis, Diagnoser
+from torchwatch.features import CATALOGUE, Features
+from torchwatch.rules_engine import Rule, load_rules, parse_rule
+
+RULES = {r.id: r for r in load_rules()}
+ENOUGH = {"stack_samples": 100.0, "thread_samples": 50.0}
+
+
+def features(**values: float | None) -> Features:
+    f: Features = {name: None for name in CATALOGUE}
+    f.update(ENOUGH)
+    for name, value in values.items():
+        assert name in CATALOGUE, name
+        f[name] = value
+    return f
+
+
+# Per shipped rule: values that fire it, values that keep it silent, and the input that when
+# None makes it not applicable (set on top of the firing values).
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "gpu-memory-pressure": ({"gpu_mem_ratio": 0.95}, {"gpu_mem_ratio": 0.5}, "gpu_mem_ratio"),
+    "gpu-saturated": (
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.5},
+        "gpu_util_mean",
+    ),
+    "input-waits-elsewhere": (
+        {"input_other_wait_share": 0.5},
+        {"input_other_wait_share": 0.05},
+        "input_other_wait_share",
+    ),
+    "loader-cpu-in-main-thread": (
+        {"fetch_cpu_share": 0.6},
+        {"fetch_cpu_share": 0.1},
+        "fetch_cpu_share",
+    ),
+    "loader-cpu-in-workers": (
+        {"worker_count": 2.0, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.9},
+        {"worker_count": 2.0, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.1},
+        "data_wait_queue_share",
+    ),
+    "loop-cpu": (
+        {"loop_cpu_share": 0.8},
+        {"loop_cpu_share": 0.8, "gpu_util_mean": 95.0},
+        "loop_cpu_share",
+    ),
+    "loop-sleeps": ({"main_sleep_share": 0.6}, {"main_sleep_share": 0.1}, "main_sleep_share"),
+    "loop-waits-elsewhere": (
+        {"main_sync_share": 0.8},
+        {"main_sync_share": 0.8, "data_wait_share": 0.5},
+        "main_sync_share",
+    ),
+    "storage-wait": (
+        {"storage_wait_share": 0.5},
+        {"storage_wait_share": 0.05},
+        "storage_wait_share",
+    ),
+}
+
+
+def ids(analysis: Analysis) -> set[str]:
+    return {f.rule for f in analysis.findings}
+
+
+def test_every_shipped_rule_has_a_case() -> None:
+    assert set(CASES) == set(RULES)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_after_hold(rule_id: str) -> None:
+    rule = RULES[rule_id]
+    fire, _, _ = CASES[rule_id]
+    d = Diagnoser([rule])
+    first = d.evaluate(features(**fire), 0.0)
+    assert rule.hold_s > 0
+    assert rule_id not in ids(first)  # must hold for `for` seconds first
+    later = d.evaluate(features(**fire), rule.hold_s + 1)
+    assert ids(later) == {rule_id}
+    finding = later.findings[0]
+    assert (finding.label, finding.severity) == (rule.label, rule.severity)
+    assert "{" not in finding.summary and "n/a" not in finding.summary
+    assert set(finding.evidence) == set(rule.evidence)
+    assert finding.measure is not None and finding.measure > 0
+    if rule.severity != "info" and rule.label != "undetermined":
+        assert later.verdict.label == rule.label
+    else:
+        assert later.verdict.label == "undetermined"
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_stays_silent(rule_id: str) -> None:
+    rule = RULES[rule_id]
+    _, silent, _ = CASES[rule_id]
+    d = Diagnoser([rule])
+    for t in (0.0, rule.hold_s + 1, 2 * rule.hold_s + 2):
+        a = d.evaluate(features(**silent), t)
+        assert a.findings == [] and a.not_applicable == []
+    assert a.verdict.label == "undetermined"
+    assert a.verdict.summary.startswith("No resource")
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_not_applicable_names_missing_input(rule_id: str) -> None:
+    rule = RULES[rule_id]
+    fire, _, missing = CASES[rule_id]
+    d = Diagnoser([rule], why_missing=lambda name: f"why {name}")
+    values = {**fire, missing: None}
+    for t in (0.0, rule.hold_s + 1):
+        a = d.evaluate(features(**values), t)
+    assert a.findings == []
+    assert [(n.rule, n.missing, n.why) for n in a.not_applicable] == [
+        (rule_id, missing, f"why {missing}")
+    ]
+
+
+def test_not_applicable_drops_a_firing_finding() -> None:
+    rule = RULES["storage-wait"]
+    d = Diagnoser([rule])
+    d.evaluate(features(storage_wait_share=0.5), 0.0)
+    assert ids(d.evaluate(features(storage_wait_share=0.5), 5.0)) == {"storage-wait"}
+    a = d.evaluate(features(), 6.0)
+    assert a.findings == [] and a.not_applicable[0].missing == "storage_wait_share"
+
+
+def settle(values: Features, rules: list[Rule] | None = None) -> Analysis:
+    d = Diagnoser(list(RULES.values()) if rules is None else rules)
+    d.evaluate(values, 0.0)
+    return d.evaluate(values, 10.0)
+
+
+def test_gpu_beats_io() -> None:
+    a = settle(features(gpu_util_mean=97.0, storage_wait_share=0.6, fetch_cpu_share=0.5))
+    assert {"gpu-saturated", "storage-wait", "loader-cpu-in-main-thread"} <= ids(a)
+    assert a.verdict.label == "gpu-bound"
+
+
+def test_io_beats_dataloader() -> None:
+    a = settle(
+        features(storage_wait_share=0.3, fetch_cpu_share=0.6, worker_count=0.0, usable_cpus=4.0)
+    )
+    assert {"storage-wait", "loader-cpu-in-main-thread"} <= ids(a)
+    assert a.verdict.label == "io-bound"
+    assert 0.05 <= a.verdict.confidence < 1.0
+    # a later label that explains more lowers the confidence (dominance)
+    alone = settle(features(storage_wait_share=0.3, usable_cpus=4.0))
+    assert a.verdict.confidence < alone.verdict.confidence
+
+
+def test_dataloader_beats_cpu() -> None:
+    a = settle(features(fetch_cpu_share=0.3, loop_cpu_share=0.6))
+    assert {"loader-cpu-in-main-thread", "loop-cpu"} <= ids(a)
+    assert a.verdict.label == "dataloader-bound"
+
+
+def test_cpu_bound_alone() -> None:
+    a = settle(features(loop_cpu_share=0.7, main_cpu_pct=98.0, usable_cpus=4.0))
+    assert ids(a) == {"loop-cpu"}
+    assert a.verdict.label == "cpu-bound"
+    assert a.verdict.confidence == pytest.approx(0.95)
+
+
+def label_rule(label: str, measure: float = 0.5) -> Rule:
+    return parse_rule(
+        f'id = "r-{label}"\nlabel = "{label}"\nseverity = "critical"\nsummary = "{label}"\n'
+        f'when = "stack_samples >= 0"\nmeasure = "{measure}"\nsource = "test"\n',
+        f"{label}.toml",
+    )
+
+
+def test_label_priority_order() -> None:
+    order = ["gpu-bound", "io-bound", "dataloader-bound", "cpu-bound"]
+    for i, want in enumerate(order):
+        # later labels explain more: priority, not size, decides
+        rules = [label_rule(label, 0.2 + 0.1 * j) for j, label in enumerate(order[i:])]
+        a = settle(features(), rules)
+        assert len(a.findings) == len(rules)
+        assert a.verdict.label == want, (want, a.verdict)
+
+
+def test_info_findings_never_decide() -> None:
+    a = settle(features(gpu_mem_ratio=0.99))
+    assert ids(a) == {"gpu-memory-pressure"}
+    assert a.verdict.label == "undetermined"
+    info_only = parse_rule(
+        'id = "i"\nlabel = "cpu-bound"\nseverity = "info"\nsummary = "s"\n'
+        'when = "stack_samples >= 0"\nsource = "t"\n',
+        "i.toml",
+    )
+    assert settle(features(), [info_only]).verdict.label == "undetermined"
+
+
+def test_undetermined_finding_gives_its_summary() -> None:
+    a = settle(features(main_sleep_share=0.7))
+    assert a.verdict.label == "undetermined"
+    assert "sleeps on a timer 70%" in a.verdict.summary
+
+
+@pytest.mark.parametrize("counts", [{}, {"stack_samples": 5.0, "thread_samples": 3.0}])
+def test_too_few_samples_collects_evidence(counts: dict[str, float]) -> None:
+    f: Features = {name: None for name in CATALOGUE}
+    f.update(counts)
+    a = settle(f)
+    assert a.verdict.label == "undetermined"
+    assert a.verdict.summary.startswith("Collecting evidence")
+    assert a.verdict.confidence == 0.0
+
+
+def test_hold_and_release_hysteresis() -> None:
+    rule = RULES["storage-wait"]
+    assert rule.hold_s == 2.0
+    d = Diagnoser([rule])
+    on, off = features(storage_wait_share=0.5), features(storage_wait_share=0.0)
+    assert ids(d.evaluate(on, 0.0)) == set()
+    assert ids(d.evaluate(on, 1.0)) == set()
+    assert ids(d.evaluate(on, 2.0)) == {"storage-wait"}
+    # a dip shorter than `for` keeps the finding
+    assert ids(d.evaluate(off, 3.0)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 4.5)) == {"storage-wait"}
+    assert ids(d.evaluate(on, 5.0)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 6.0)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 7.9)) == {"storage-wait"}
+    # false for `for` seconds releases it
+    assert ids(d.evaluate(off, 8.0)) == set()
+
+
+def test_flapping_condition_never_fires() -> None:
+    d = Diagnoser([RULES["storage-wait"]])
+    on, off = features(storage_wait_share=0.5), features(storage_wait_share=0.0)
+    for t in range(0, 20, 2):
+        assert ids(d.evaluate(on, float(t))) == set()
+        assert ids(d.evaluate(off, t + 1.5)) == set()
+
+
+def test_fix_templates_are_filled_with_real_values() -> None:
+    a = settle(
+        features(
+            fetch_cpu_share=0.6,
+            data_wait_share=0.7,
+            data_wait_fetch_share=0.7,
+            worker_count=0.0,
+            usable_cpus=2.0,
+            main_running_share=0.8,
+        )
+    )
+    finding = next(f for f in a.findings if f.rule == "loader-cpu-in-main-thread")
+    details = " | ".join(fx.detail for fx in finding.fixes)
+    assert "num_workers=0 on 2 usable CPUs" in details
+    assert "try num_workers=1" in details
+    assert "60%" in details
+    assert "60%" in finding.summary
+    assert finding.evidence["usable_cpus"] == 2.0 and finding.evidence["worker_count"] == 0.0
+    for fx in finding.fixes:
+        assert "{" not in fx.title + fx.detail and "n/a" not in fx.detail
+
+
+def test_conditional_fix_left_out_when_workers_suffice() -> None:
+    a = settle(features(fetch_cpu_share=0.6, worker_count=3.0, usable_cpus=4.0))
+    finding = next(f for f in a.findings if f.rule == "loader-cpu-in-main-thread")
+    assert [fx.title for fx in finding.fixes] == ["Make each sample cheaper"]
+
+
+def test_conditional_fix_left_out_when_its_input_is_missing() -> None:
+    a = settle(features(storage_wait_share=0.5))  # worker_count, usable_cpus unknown
+    finding = next(f for f in a.findings if f.rule == "storage-wait")
+    assert "Overlap reads with DataLoader workers" not in [fx.title for fx in finding.fixes]
+    assert any("n/a bytes/s" in fx.detail for fx in finding.fixes)  # missing value shows as n/a
+
+
+def test_confidence_stays_within_0_and_1_for_rule_without_measure() -> None:
+    no_measure = parse_rule(
+        'id = "a"\nlabel = "gpu-bound"\nseverity = "critical"\nsummary = "a"\n'
+        'when = "stack_samples >= 0"\nsource = "s"\n',
+        "a.toml",
+    )
+    a = settle(features(), [no_measure, label_rule("cpu-bound", 0.1)])
+    assert a.verdict.label == "gpu-bound"
+    assert 0.0 <= a.verdict.confidence <= 1.0

@@ -1,0 +1,318 @@
+"""torchwatch.features.compute on synthetic windows of readings."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchwatch.features import CATALOGUE, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, compute
+from torchwatch.readings import (
+    Frame,
+    GpuSample,
+    ProcessSample,
+    Role,
+    StackSample,
+    SystemSample,
+    ThreadSample,
+    Wait,
+)
+from torchwatch.store import Window
+
+MAIN = 1000
+WORKERS = (1001, 1002)
+SITE = "/usr/lib/python3.11/site-packages/torch"
+DL = f"{SITE}/utils/data/dataloader.py"
+MOD = Frame("<module>", "/home/u/train.py", 40)
+
+FETCH = (
+    MOD,
+    Frame("_BaseDataLoaderIter.__next__", DL, 725),
+    Frame("_SingleProcessDataLoaderIter._next_data", DL, 790),
+    Frame("_MapDatasetFetcher.fetch", f"{SITE}/utils/data/_utils/fetch.py", 54),
+    Frame("D.__getitem__", "/home/u/train.py", 7),
+)
+QUEUE = (
+    MOD,
+    Frame("_BaseDataLoaderIter.__next__", DL, 725),
+    Frame("_MultiProcessingDataLoaderIter._next_data", DL, 1505),
+    Frame("_MultiProcessingDataLoaderIter._get_data", DL, 1464),
+    Frame("Queue.get", "/usr/lib/python3.11/multiprocessing/queues.py", 113),
+)
+FORWARD = (
+    MOD,
+    Frame("Module._wrapped_call_impl", f"{SITE}/nn/modules/module.py", 1736),
+    Frame("Net.forward", "/home/u/train.py", 12),
+)
+STARTUP = (MOD, Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176))
+
+
+def stack(
+    frames: tuple[Frame, ...], count: int, pid: int = MAIN, tid: int | None = None
+) -> StackSample:
+    tid = pid if tid is None else tid
+    return StackSample(
+        t=5.0,
+        pid=pid,
+        tid=tid,
+        thread_name="MainThread",
+        role=Role.MAIN,
+        is_main_thread=tid == pid,
+        frames=frames,
+        count=count,
+    )
+
+
+def threads(pid: int, role: Role, **waits: int) -> list[ThreadSample]:
+    """``waits`` main-thread samples per Wait name, e.g. ``threads(MAIN, Role.MAIN, DISK=7, RUNNING=3)``."""
+    out = []
+    i = 0
+    for name, n in waits.items():
+        wait = Wait[name]
+        state = {"RUNNING": "R", "DISK": "D"}.get(name, "S")
+        for _ in range(n):
+            out.append(
+                ThreadSample(
+                    t=i * 0.1,
+                    pid=pid,
+                    tid=pid,
+                    role=role,
+                    is_main_thread=True,
+                    state=state,
+                    wait=wait,
+                )
+            )
+            i += 1
+    return out
+
+
+def proc(
+    pid: int,
+    role: Role,
+    t: float,
+    cpu: float | None,
+    rss: int | None = 100,
+    read: float | None = None,
+) -> ProcessSample:
+    return ProcessSample(
+        t=t,
+        pid=pid,
+        ppid=1,
+        role=role,
+        name="python",
+        cmdline=("python", "train.py"),
+        cpu_pct=cpu,
+        rss_bytes=rss,
+        read_bytes_per_s=read,
+        write_bytes_per_s=None,
+        num_threads=4,
+    )
+
+
+def gpu(
+    index: int,
+    util: float,
+    t: float = 1.0,
+    pids: tuple[int, ...] = (),
+    mem: int = 50,
+    power: float | None = 100.0,
+) -> GpuSample:
+    return GpuSample(
+        t=t,
+        index=index,
+        name="GPU",
+        util_pct=util,
+        mem_used_bytes=mem,
+        mem_total_bytes=100,
+        power_w=power,
+        power_limit_w=400.0,
+        sm_clock_mhz=1500.0,
+        pcie_tx_bytes_per_s=0.0,
+        pcie_rx_bytes_per_s=0.0,
+        target_pids=pids,
+    )
+
+
+def window(**kw: object) -> Window:
+    return Window(start=0.0, end=10.0, **kw)  # type: ignore[arg-type]
+
+
+def test_keys_are_exactly_the_catalogue() -> None:
+    assert list(compute(window(), MAIN)) == list(CATALOGUE)
+    full = window(
+        stacks=[stack(FETCH, 50)],
+        threads=threads(MAIN, Role.MAIN, RUNNING=20),
+        processes=[proc(MAIN, Role.MAIN, 1.0, 90.0)],
+        system=[SystemSample(1.0, 50.0, 1.0, 4.0)],
+        gpus=[gpu(0, 80.0)],
+    )
+    assert list(compute(full, MAIN)) == list(CATALOGUE)
+
+
+def test_empty_window_is_all_none_except_counts() -> None:
+    f = compute(window(), MAIN)
+    assert f["stack_samples"] == 0.0 and f["thread_samples"] == 0.0
+    assert all(v is None for k, v in f.items() if k not in ("stack_samples", "thread_samples")), f
+
+
+def test_too_few_samples_give_none_not_zero() -> None:
+    w = window(
+        stacks=[stack(FETCH, MIN_STACK_SAMPLES - 1)],
+        threads=threads(MAIN, Role.MAIN, DISK=MIN_THREAD_SAMPLES - 1),
+    )
+    f = compute(w, MAIN)
+    assert f["stack_samples"] == MIN_STACK_SAMPLES - 1
+    assert f["thread_samples"] == MIN_THREAD_SAMPLES - 1
+    for name in (
+        "data_wait_share",
+        "data_wait_fetch_share",
+        "forward_share",
+        "main_running_share",
+        "main_disk_share",
+        "fetch_cpu_share",
+        "storage_wait_share",
+        "input_cpu_share",
+        "loop_cpu_share",
+    ):
+        assert f[name] is None, name
+
+
+def test_startup_is_left_out_of_the_loop() -> None:
+    f = compute(window(stacks=[stack(STARTUP, 60), stack(FETCH, 30), stack(FORWARD, 10)]), MAIN)
+    assert f["stack_samples"] == 40.0
+    assert f["startup_share"] == pytest.approx(0.6)
+    assert f["data_wait_share"] == pytest.approx(0.75)
+    assert f["forward_share"] == pytest.approx(0.25)
+
+
+def test_other_processes_and_threads_are_not_the_loop() -> None:
+    w = window(
+        stacks=[stack(FORWARD, 30), stack(FETCH, 30, pid=2000), stack(FETCH, 30, tid=MAIN + 7)]
+    )
+    f = compute(w, MAIN)
+    assert f["stack_samples"] == 30.0 and f["forward_share"] == 1.0 and f["data_wait_share"] == 0.0
+
+
+def test_nw0_main_thread_in_disk_wait_is_storage() -> None:
+    w = window(
+        stacks=[stack(FETCH, 80), stack(FORWARD, 20)],
+        threads=threads(MAIN, Role.MAIN, DISK=70, RUNNING=30),
+    )
+    f = compute(w, MAIN)
+    assert f["data_wait_fetch_share"] == pytest.approx(0.8)
+    assert f["storage_wait_share"] == pytest.approx(0.7)
+    assert f["fetch_disk_share"] == pytest.approx(0.7)
+    assert f["fetch_cpu_share"] == pytest.approx(0.1)
+    assert f["input_cpu_share"] == pytest.approx(0.1)
+    assert f["loop_cpu_share"] == pytest.approx(0.2)
+
+
+def test_nw0_main_thread_running_is_fetch_cpu() -> None:
+    w = window(
+        stacks=[stack(FETCH, 80), stack(FORWARD, 20)], threads=threads(MAIN, Role.MAIN, RUNNING=100)
+    )
+    f = compute(w, MAIN)
+    assert f["fetch_cpu_share"] == pytest.approx(0.8)
+    assert f["input_cpu_share"] == pytest.approx(0.8)
+    assert f["storage_wait_share"] == pytest.approx(0.0)
+    assert f["loop_cpu_share"] == pytest.approx(0.2)
+
+
+def test_nw0_sleeps_in_fetch_are_other_waits() -> None:
+    w = window(
+        stacks=[stack(FETCH, 80), stack(FORWARD, 20)],
+        threads=threads(MAIN, Role.MAIN, SLEEP=50, RUNNING=50),
+    )
+    f = compute(w, MAIN)
+    assert f["fetch_other_wait_share"] == pytest.approx(0.5)
+    assert f["fetch_cpu_share"] == pytest.approx(0.3)
+    assert f["main_sleep_share"] == pytest.approx(0.5)
+
+
+def test_queue_wait_with_workers_in_disk_wait_is_storage() -> None:
+    w = window(
+        stacks=[stack(QUEUE, 60), stack(FORWARD, 40)],
+        threads=threads(MAIN, Role.MAIN, SYNC=60, RUNNING=40)
+        + threads(WORKERS[0], Role.WORKER, DISK=40, RUNNING=10)
+        + threads(WORKERS[1], Role.WORKER, DISK=40, RUNNING=10),
+    )
+    f = compute(w, MAIN)
+    assert f["data_wait_queue_share"] == pytest.approx(0.6)
+    assert f["workers_disk_fraction"] == pytest.approx(0.8)
+    assert f["storage_wait_share"] == pytest.approx(0.6 * 0.8)
+    assert f["input_cpu_share"] == pytest.approx(0.6 * 0.2)
+    assert f["main_sync_share"] == pytest.approx(0.6)
+
+
+def test_queue_wait_with_running_workers_is_input_cpu() -> None:
+    w = window(
+        stacks=[stack(QUEUE, 60), stack(FORWARD, 40)],
+        threads=threads(MAIN, Role.MAIN, SYNC=60, RUNNING=40)
+        + threads(WORKERS[0], Role.WORKER, RUNNING=50)
+        + threads(WORKERS[1], Role.WORKER, RUNNING=45, SYNC=5),
+    )
+    f = compute(w, MAIN)
+    assert f["workers_running_fraction"] == pytest.approx(1.0)
+    assert f["workers_busy_share"] == pytest.approx(0.95)
+    assert f["input_cpu_share"] == pytest.approx(0.6)
+    assert f["storage_wait_share"] == pytest.approx(0.0)
+
+
+def test_idle_workers_give_no_fractions() -> None:
+    w = window(
+        stacks=[stack(FORWARD, 100)],
+        threads=threads(MAIN, Role.MAIN, RUNNING=20) + threads(WORKERS[0], Role.WORKER, SYNC=50),
+    )
+    f = compute(w, MAIN)
+    assert f["workers_busy_share"] == 0.0
+    assert f["workers_running_fraction"] is None  # nothing produced: a fraction of nothing
+    assert f["input_cpu_share"] == 0.0  # no queue wait: workers explain nothing
+
+
+def test_process_features() -> None:
+    w = window(
+        processes=[
+            proc(MAIN, Role.MAIN, 1.0, None, read=1e6),
+            proc(WORKERS[0], Role.WORKER, 1.0, None),
+            proc(MAIN, Role.MAIN, 2.0, 100.0, rss=1000, read=3e6),
+            proc(WORKERS[0], Role.WORKER, 2.0, 80.0, rss=500),
+            proc(WORKERS[1], Role.WORKER, 2.0, 60.0, rss=500, read=1e6),
+        ]
+    )
+    f = compute(w, MAIN)
+    assert f["main_cpu_pct"] == 100.0
+    assert f["workers_cpu_pct"] == 140.0
+    assert f["worker_count"] == 2.0
+    assert f["rss_bytes"] == 2000.0
+    assert f["read_bytes_per_s"] == pytest.approx((1e6 + 4e6) / 2)
+
+
+def test_system_features() -> None:
+    w = window(system=[SystemSample(1.0, 40.0, None, 4.0), SystemSample(2.0, 60.0, 10.0, 2.0)])
+    f = compute(w, MAIN)
+    assert (f["system_cpu_pct"], f["io_pressure_pct"], f["usable_cpus"]) == (50.0, 10.0, 2.0)
+
+
+def test_gpu_features_use_only_the_targets_gpus() -> None:
+    w = window(
+        gpus=[
+            gpu(0, 5.0, pids=(), mem=99),
+            gpu(1, 90.0, pids=(MAIN,), mem=40),
+            gpu(0, 7.0, t=2.0, mem=99),
+            gpu(1, 94.0, t=2.0, pids=(MAIN,), mem=60, power=200.0),
+        ]
+    )
+    f = compute(w, MAIN)
+    assert f["gpu_count"] == 1.0
+    assert f["gpu_util_mean"] == pytest.approx(92.0)
+    assert f["gpu_mem_ratio"] == pytest.approx(0.6)
+    assert f["gpu_power_ratio"] == pytest.approx((0.25 + 0.5) / 2)
+
+
+def test_gpu_features_use_all_gpus_when_none_has_the_target() -> None:
+    f = compute(window(gpus=[gpu(0, 10.0), gpu(1, 30.0)]), MAIN)
+    assert f["gpu_count"] == 2.0 and f["gpu_util_mean"] == pytest.approx(20.0)
+
+
+def test_no_gpu_samples_give_none() -> None:
+    f = compute(window(stacks=[stack(FORWARD, 100)]), MAIN)
+    for name in ("gpu_count", "gpu_util_mean", "gpu_power_ratio", "gpu_mem_ratio"):
+        assert f[name] is None, name

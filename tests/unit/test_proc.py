@@ -1,0 +1,150 @@
+"""torchwatch.sources.proc: wait classification and process roles, on synthetic inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchwatch.readings import Role, Wait
+from torchwatch.sources.proc import assign_roles, classify_wait
+
+X86 = "x86_64"
+ARM = "aarch64"
+
+
+@pytest.mark.parametrize(
+    ("state", "syscall", "fd", "arch", "want"),
+    [
+        ("R", None, None, X86, Wait.RUNNING),
+        ("R", "202 0x1 0x2", None, X86, Wait.RUNNING),  # state wins over a stale syscall
+        ("D", None, None, X86, Wait.DISK),
+        ("D", "0 0x3 0x7f", "pipe:[1]", X86, Wait.DISK),
+        (
+            "S",
+            "230 0x1 0x0 0x7ffd 0x0 0x0 0x0 0x7ffd 0x7f",
+            None,
+            X86,
+            Wait.SLEEP,
+        ),  # clock_nanosleep
+        ("S", "35 0x7ffd 0x0", None, X86, Wait.SLEEP),  # nanosleep
+        ("S", "202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f", None, X86, Wait.SYNC),  # futex
+        ("S", "7 0x7f 0x1 0xffffffff", None, X86, Wait.SYNC),  # poll
+        ("S", "0 0x1 0x7f 0x4", "pipe:[1]", X86, Wait.SYNC),  # read on a pipe
+        ("S", "0 0x5 0x7f 0x4", "socket:[2]", X86, Wait.NET),
+        ("S", "0 0x6 0x7f 0x4", "/data/file", X86, Wait.FILE),
+        ("S", "0 0x6 0x7f 0x4", None, X86, Wait.OTHER),  # fd target unknown
+        ("S", "45 0x5 0x7f", None, X86, Wait.NET),  # recvfrom
+        ("S", "running", None, X86, Wait.OTHER),
+        ("S", "-1 0x7ffd 0x7f", None, X86, Wait.OTHER),
+        ("S", None, None, X86, Wait.OTHER),
+        ("S", "", None, X86, Wait.OTHER),
+        ("S", "garbage 0x1", None, X86, Wait.OTHER),
+        ("S", "999 0x1", None, X86, Wait.OTHER),
+        ("S", "202 0x1", None, "riscv64", Wait.OTHER),  # unknown architecture
+        ("S", "115 0x1 0x0", None, ARM, Wait.SLEEP),  # clock_nanosleep on aarch64
+        ("S", "101 0x1 0x0", None, ARM, Wait.SLEEP),  # nanosleep on aarch64
+        ("S", "98 0x1 0x80", None, ARM, Wait.SYNC),  # futex on aarch64
+        ("S", "63 0x3 0x7f", "pipe:[9]", ARM, Wait.SYNC),  # read on aarch64
+        ("S", "63 0x3 0x7f", "/data/f.bin", ARM, Wait.FILE),
+        ("S", "230 0x1", None, ARM, Wait.OTHER),  # 230 is not a sleep on aarch64
+    ],
+)
+def test_classify_wait(
+    state: str, syscall: str | None, fd: str | None, arch: str, want: Wait
+) -> None:
+    assert classify_wait(state, syscall, fd, arch=arch) is want
+
+
+PY = "/usr/bin/python3.11"
+TRAIN = (PY, "train.py", "--epochs", "1")
+
+
+def node(
+    ppid: int, cmdline: tuple[str, ...], name: str | None = None, exe: str = PY
+) -> tuple[int, str, tuple[str, ...], str]:
+    return (ppid, name or cmdline[0].rsplit("/", 1)[-1], cmdline, exe)
+
+
+def test_python_main_with_forked_workers() -> None:
+    nodes = {100: node(1, TRAIN), 101: node(100, TRAIN), 102: node(100, TRAIN)}
+    assert assign_roles(nodes, 100) == {100: Role.MAIN, 101: Role.WORKER, 102: Role.WORKER}
+
+
+def test_pyenv_shim_root_is_launcher() -> None:
+    shim = ("bash", "/home/u/.pyenv/shims/python", "train.py")
+    real = ("/home/u/.pyenv/versions/3.11.7/bin/python", "train.py")
+    nodes = {
+        10: node(1, shim, name="bash", exe="/usr/bin/bash"),
+        11: node(10, real, exe=real[0]),
+        12: node(11, real, exe=real[0]),
+    }
+    assert assign_roles(nodes, 10) == {10: Role.LAUNCHER, 11: Role.MAIN, 12: Role.WORKER}
+
+
+def test_torchrun_ranks_are_mains_with_their_workers() -> None:
+    launcher = (PY, "/usr/local/bin/torchrun", "--nproc_per_node=2", "train.py")
+    rank = (PY, "-u", "train.py", "--epochs", "1")
+    nodes = {
+        50: node(1, launcher, name="torchrun"),
+        51: node(50, rank),
+        52: node(50, rank),
+        53: node(51, rank),
+        54: node(52, rank),
+    }
+    roles = assign_roles(nodes, 50)
+    assert roles == {
+        50: Role.LAUNCHER,
+        51: Role.MAIN,
+        52: Role.MAIN,
+        53: Role.WORKER,
+        54: Role.WORKER,
+    }
+
+
+def test_python_m_torch_distributed_run_is_launcher() -> None:
+    nodes = {
+        60: node(1, (PY, "-m", "torch.distributed.run", "--nproc_per_node=1", "train.py")),
+        61: node(60, TRAIN),
+    }
+    assert assign_roles(nodes, 60) == {60: Role.LAUNCHER, 61: Role.MAIN}
+
+
+def test_spawn_worker_and_resource_tracker() -> None:
+    spawn = (
+        PY,
+        "-c",
+        "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+        "--multiprocessing-fork",
+    )
+    tracker = (PY, "-c", "from multiprocessing.resource_tracker import main;main(4)")
+    nodes = {
+        200: node(1, TRAIN),
+        201: node(200, tracker),
+        202: node(200, spawn),
+        203: node(200, spawn),
+    }
+    assert assign_roles(nodes, 200) == {
+        200: Role.MAIN,
+        201: Role.HELPER,
+        202: Role.WORKER,
+        203: Role.WORKER,
+    }
+
+
+def test_other_python_child_is_not_a_worker() -> None:
+    nodes = {300: node(1, TRAIN), 301: node(300, (PY, "eval.py"))}
+    assert assign_roles(nodes, 300) == {300: Role.MAIN, 301: Role.OTHER}
+
+
+def test_non_python_tree_has_no_main() -> None:
+    nodes = {
+        400: node(1, ("sleep", "30"), exe="/usr/bin/sleep"),
+        401: node(400, ("cat",), exe="/usr/bin/cat"),
+    }
+    roles = assign_roles(nodes, 400)
+    assert Role.MAIN not in roles.values()
+    assert roles[400] is Role.LAUNCHER
+    assert set(roles) == {400, 401}
+
+
+def test_unknown_root_gives_no_roles() -> None:
+    assert assign_roles({1: node(0, TRAIN)}, 999) == {}

@@ -1,0 +1,171 @@
+"""torchwatch.report: the JSON contract (validated against report_schema.json), text and status line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from torchwatch import report
+from torchwatch.diagnosis import Analysis, Diagnoser
+from torchwatch.features import CATALOGUE, Features
+from torchwatch.readings import SourceStatus, Status
+from torchwatch.rules_engine import load_rules
+
+SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+STATUSES = {
+    "psutil": SourceStatus.ok(),
+    "nvml": SourceStatus.unavailable(
+        "NVML library not found (no NVIDIA driver)", "ignore on a CPU-only machine"
+    ),
+    "py-spy": SourceStatus.gone(),
+    "hook": SourceStatus(Status.STARTING),
+}
+
+
+def features(**values: float | None) -> Features:
+    f: Features = {name: None for name in CATALOGUE}
+    f.update(stack_samples=100.0, thread_samples=50.0, **values)
+    return f
+
+
+def analysed(f: Features) -> Analysis:
+    d = Diagnoser(load_rules(), why_missing=lambda name: "source unavailable")
+    d.evaluate(f, 0.0)
+    return d.evaluate(f, 10.0)
+
+
+def build(analysis: Analysis, **kw: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "pid": 4242,
+        "cmdline": ["python", "train.py"],
+        "exit_code": None,
+        "window_s": 10.0,
+        "watched_s": 31.26,
+        "history": [(1.0, "undetermined"), (4.0, "io-bound")],
+    }
+    args.update(kw)
+    return report.build(analysis, STATUSES, **args)
+
+
+@pytest.fixture
+def busy() -> dict[str, Any]:
+    f = features(
+        storage_wait_share=0.5,
+        fetch_cpu_share=0.3,
+        worker_count=0.0,
+        usable_cpus=2.0,
+        read_bytes_per_s=2.5e6,
+        gpu_mem_ratio=0.95,
+        main_running_share=math.inf,
+    )
+    return build(analysed(f), exit_code=3)
+
+
+def test_schema_is_valid() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+def test_report_validates(busy: dict[str, Any]) -> None:
+    VALIDATOR.validate(busy)
+    assert busy["schema"] == "torchwatch.report/1"
+    assert busy["verdict"]["label"] == "io-bound"
+    assert {f["rule"] for f in busy["findings"]} >= {
+        "storage-wait",
+        "loader-cpu-in-main-thread",
+        "gpu-memory-pressure",
+    }
+    assert busy["target"] == {"pid": 4242, "cmdline": ["python", "train.py"], "exit_code": 3}
+    assert busy["sources"]["nvml"] == {
+        "status": "unavailable",
+        "reason": "NVML library not found (no NVIDIA driver)",
+        "hint": "ignore on a CPU-only machine",
+    }
+    assert busy["sources"]["psutil"] == {"status": "ok"}
+    assert set(busy["features"]) == set(CATALOGUE)
+    assert busy["features"]["storage_wait_share"] == 0.5
+    assert busy["features"]["main_running_share"] is None  # inf is not JSON: null
+    assert busy["features"]["gpu_util_mean"] is None
+
+
+def test_report_is_strict_json(busy: dict[str, Any]) -> None:
+    text = report.dumps(busy)
+    assert json.loads(text) == busy
+    json.dumps(busy, allow_nan=False)  # no NaN / Infinity anywhere
+
+
+def test_not_applicable_listed(busy: dict[str, Any]) -> None:
+    na = {n["rule"]: n for n in busy["not_applicable"]}
+    assert na["gpu-saturated"] == {
+        "rule": "gpu-saturated",
+        "missing": "gpu_util_mean",
+        "why": "source unavailable",
+    }
+
+
+def test_undetermined_report_validates() -> None:
+    data = build(Analysis(t=0.0, features={name: None for name in CATALOGUE}))
+    VALIDATOR.validate(data)
+    assert data["verdict"]["label"] == "undetermined" and data["findings"] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "bad"),
+    [
+        (("schema",), "torchwatch.report/2"),
+        (("verdict", "label"), "slow"),
+        (("verdict", "confidence"), 1.5),
+        (("target", "pid"), "4242"),
+        (("sources", "nvml", "status"), "broken"),
+        (("features", "storage_wait_share"), "high"),
+        (("findings", 0, "severity"), "fatal"),
+        (("findings", 0, "fixes", 0, "title"), 3),
+    ],
+)
+def test_schema_rejects_contract_breaches(
+    busy: dict[str, Any], path: tuple[Any, ...], bad: Any
+) -> None:
+    data = copy.deepcopy(busy)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        VALIDATOR.validate(data)
+
+
+@pytest.mark.parametrize(
+    "key", ["schema", "target", "window", "verdict", "findings", "sources", "features"]
+)
+def test_schema_requires_contract_keys(busy: dict[str, Any], key: str) -> None:
+    data = copy.deepcopy(busy)
+    del data[key]
+    with pytest.raises(jsonschema.ValidationError):
+        VALIDATOR.validate(data)
+
+
+def test_render_text(busy: dict[str, Any]) -> None:
+    text = report.render_text(busy)
+    assert "verdict: io-bound" in text
+    assert "exit 3" in text and "python train.py" in text
+    titles = [fx["title"] for f in busy["findings"] for fx in f["fixes"]]
+    assert titles
+    for title in titles:
+        assert title in text
+    assert "nvml unavailable: NVML library not found" in text
+    assert "read_bytes_per_s=2.5 MB/s" in text
+    assert "storage_wait_share=50%" in text
+
+
+def test_status_line() -> None:
+    assert report.status_line(None, 3.0) == "torchwatch [   3s] starting"
+    line = report.status_line(analysed(features(storage_wait_share=0.5, worker_count=2.0)), 12.0)
+    assert "\n" not in line
+    assert "io-bound" in line and "disk wait 50%" in line and "workers 2" in line
+    assert "GPU n/a" in line
