@@ -231,7 +231,8 @@ def load_dir(directory: Path) -> list[Rule]:
         RuleError: a file is malformed, or two rules share an id.
     """
     if not directory.is_dir():
-        raise UsageError(f"no rules directory {directory}", "give --rules (or rules check) an existing directory")
+        raise UsageError(f"rules directory {directory}: no such directory",
+                         "give --rules (or rules check) an existing directory")
     rules = [load_file(p) for p in sorted(directory.glob("*.toml"))]
     _check_unique(rules)
     return rules

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchwatch.errors import RuleError
+from torchwatch.errors import RuleError, UsageError
 from torchwatch.rules_engine import Rule, builtin_dir, fill, load_dir, load_rules, parse_rule
 
 FUZZ = settings(max_examples=300, deadline=2000, database=None, derandomize=True)
@@ -165,7 +165,7 @@ def test_duplicate_ids_across_files(tmp_path: Path) -> None:
 
 
 def test_load_dir_errors(tmp_path: Path) -> None:
-    with pytest.raises(RuleError, match="no such directory"):
+    with pytest.raises(UsageError, match="no such directory"):
         load_dir(tmp_path / "missing")
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe id")
     with pytest.raises(RuleError, match="not UTF-8"):
