@@ -13,12 +13,16 @@ bench/relieve.py parses that final line; keep its format.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterable, NoReturn
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, NoReturn
 
 import torch
+from typing_extensions import Self
 
 REPORT_EVERY_S = 2.0
 
@@ -35,16 +39,26 @@ def parse_args(
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--seconds", type=float, default=30.0,
-                        help="train for this many seconds of wall time, then exit 0 (default 30)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=30.0,
+        help="train for this many seconds of wall time, then exit 0 (default 30)",
+    )
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=default_device,
-                        help=f"device to train on (default here: {default_device})")
-    parser.add_argument("--relieve", action="store_true",
-                        help="remove this demo's bottleneck (see description)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=default_device,
+        help=f"device to train on (default here: {default_device})",
+    )
+    parser.add_argument(
+        "--relieve", action="store_true", help="remove this demo's bottleneck (see description)"
+    )
     if num_workers:
-        parser.add_argument("--num-workers", type=int, default=0,
-                            help="DataLoader worker processes (default 0)")
+        parser.add_argument(
+            "--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)"
+        )
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
@@ -91,7 +105,7 @@ class Run:
         self.t0: float | None = None
         self.last_loss: torch.Tensor | None = None
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Self:
         # Also when started in the background by a non-interactive shell, which
         # would otherwise leave SIGINT ignored.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -106,25 +120,28 @@ class Run:
         say(self.name, text)
 
     def _final(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the final line matters more
             self._sync()
-        except Exception:  # noqa: BLE001 - the final line matters more
-            pass
         elapsed = 0.0 if self.t0 is None else time.perf_counter() - self.t0
         rate = self.steps / elapsed if elapsed > 0 else 0.0
         self._say(f"done, {self.steps} steps in {elapsed:.1f} s, {rate:.1f} steps/s")
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if exc_type is KeyboardInterrupt:
             self._final()
             sys.exit(130)
         if exc_type is None:
             self._final()
-        return False
 
-    def train(self, loader: Iterable[Any], step: Callable[[Any], torch.Tensor],
-              seconds: float) -> None:
+    def train(
+        self, loader: Iterable[Any], step: Callable[[Any], torch.Tensor], seconds: float
+    ) -> None:
         """Run ``step(batch)`` over ``loader`` (epoch after epoch) for ``seconds``.
 
         ``step`` returns the loss tensor; it is only read (``.item()``, which

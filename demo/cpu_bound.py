@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
 NAME = "cpu_bound"
 N_SAMPLES, BATCH, EXPERTS, DIM, CLASSES = 8192, 64, 64, 16, 10
@@ -46,9 +46,9 @@ class Experts(nn.Module):
             h = torch.bmm(chunks.transpose(0, 1), self.w) + self.b  # (EXPERTS, B, DIM)
             h = h.transpose(0, 1)
         else:
-            h = torch.stack([chunks[:, e] @ self.w[e] + self.b[e]
-                             for e in range(EXPERTS)], dim=1)
-        return self.head(torch.tanh(h).flatten(1))
+            h = torch.stack([chunks[:, e] @ self.w[e] + self.b[e] for e in range(EXPERTS)], dim=1)
+        out: torch.Tensor = self.head(torch.tanh(h).flatten(1))
+        return out
 
 
 def make_data() -> TensorDataset:
@@ -65,9 +65,12 @@ def main() -> None:
     with _common.Run(NAME, device) as run:
         data = make_data()
         # batch_size=None + BatchSampler: one data[list_of_indices] per batch (cheap).
-        loader = DataLoader(data, batch_size=None,
-                            sampler=BatchSampler(RandomSampler(data), BATCH, drop_last=True),
-                            pin_memory=device.type == "cuda")
+        loader = DataLoader(
+            data,
+            batch_size=None,
+            sampler=BatchSampler(RandomSampler(data), BATCH, drop_last=True),
+            pin_memory=device.type == "cuda",
+        )
         model = Experts(vectorized=args.relieve).to(device)
         params = list(model.parameters())
         opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
@@ -78,16 +81,17 @@ def main() -> None:
             if args.relieve:
                 loss = F.cross_entropy(logits, y)
             else:  # per-sample loss, summed in Python
-                loss = sum(F.cross_entropy(logits[i:i + 1], y[i:i + 1])
-                           for i in range(len(y))) / len(y)
+                loss = torch.stack(
+                    [F.cross_entropy(logits[i : i + 1], y[i : i + 1]) for i in range(len(y))]
+                ).mean()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             if args.relieve:
                 torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
             else:  # the same clipping, one parameter (and one expert slice) at a time
-                grads = [p.grad[e] for p in params[:2] for e in range(EXPERTS)] + \
-                        [p.grad for p in params[2:]]
-                total = torch.sqrt(sum((g * g).sum() for g in grads))
+                full = [p.grad for p in params if p.grad is not None]
+                grads = [g[e] for g in full[:2] for e in range(EXPERTS)] + full[2:]
+                total = torch.stack([(g * g).sum() for g in grads]).sum().sqrt()
                 scale = torch.clamp(1.0 / (total + 1e-6), max=1.0)
                 for g in grads:
                     g.mul_(scale)

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
 NAME = "dataloader_bound"
 N_SAMPLES, BATCH, K = 2048, 32, 13  # K: blur kernel size
@@ -50,8 +50,12 @@ GAUSS = torch.outer(_g, _g).flatten() / torch.outer(_g, _g).sum()
 
 def decode(idx: torch.Tensor) -> torch.Tensor:
     """'Decode' images idx -> (n, 3, 64, 64): random DCT coefficients + block IDCT."""
-    coef = torch.stack([torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(int(i)))
-                        for i in idx]) * DECAY
+    coef = (
+        torch.stack(
+            [torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(int(i))) for i in idx]
+        )
+        * DECAY
+    )
     for j, i in enumerate(idx.tolist()):
         r, c = LABEL_FREQ[i % 10]
         coef[j, :, :, r * 8 + c] += 4.0
@@ -68,7 +72,7 @@ def augment(img: torch.Tensor) -> torch.Tensor:
     """The expensive per-sample CPU chain (uses the global, seeded RNG)."""
     s = int(torch.randint(40, 65, (1,)))
     y0, x0 = (int(v) for v in torch.randint(0, 65 - s, (2,)))
-    img = F.interpolate(img[None, :, y0:y0 + s, x0:x0 + s], size=(64, 64), mode="bilinear")[0]
+    img = F.interpolate(img[None, :, y0 : y0 + s, x0 : x0 + s], size=(64, 64), mode="bilinear")[0]
     if torch.rand(1) < 0.5:
         img = img.flip(-1)
     a = float(torch.rand(1)) * 0.6 - 0.3
@@ -81,7 +85,7 @@ def augment(img: torch.Tensor) -> torch.Tensor:
     return (img - img.mean((1, 2), keepdim=True)) / (img.std((1, 2), keepdim=True) + 1e-5)
 
 
-class SlowImages(Dataset):
+class SlowImages(Dataset[tuple[torch.Tensor, int]]):
     """Decode + augment every sample on access (the default)."""
 
     def __len__(self) -> int:
@@ -91,12 +95,13 @@ class SlowImages(Dataset):
         return augment(decode(torch.tensor([i]))[0]), i % 10
 
 
-class CachedImages(Dataset):
+class CachedImages(Dataset[tuple[torch.Tensor, int]]):
     """--relieve: decode + normalise once, up front; cheap flip/crop on access."""
 
     def __init__(self) -> None:
-        x = torch.cat([decode(torch.arange(c, min(c + 256, N_SAMPLES)))
-                       for c in range(0, N_SAMPLES, 256)])
+        x = torch.cat(
+            [decode(torch.arange(c, min(c + 256, N_SAMPLES))) for c in range(0, N_SAMPLES, 256)]
+        )
         x = (x - x.mean((2, 3), keepdim=True)) / (x.std((2, 3), keepdim=True) + 1e-5)
         self.x = F.pad(x, (4, 4, 4, 4), mode="reflect")
 
@@ -105,7 +110,7 @@ class CachedImages(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         y0, x0 = (int(v) for v in torch.randint(0, 9, (2,)))
-        img = self.x[i, :, y0:y0 + 64, x0:x0 + 64]
+        img = self.x[i, :, y0 : y0 + 64, x0 : x0 + 64]
         return (img.flip(-1) if torch.rand(1) < 0.5 else img), i % 10
 
 
@@ -115,14 +120,23 @@ def main() -> None:
     device = torch.device(args.device)
     with _common.Run(NAME, device) as run:
         data = CachedImages() if args.relieve else SlowImages()
-        loader = DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True,
-                            num_workers=args.num_workers,
-                            persistent_workers=args.num_workers > 0,
-                            pin_memory=device.type == "cuda")
+        loader = DataLoader(
+            data,
+            batch_size=BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=args.num_workers,
+            persistent_workers=args.num_workers > 0,
+            pin_memory=device.type == "cuda",
+        )
         model = nn.Sequential(
-            nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+            nn.Conv2d(3, 16, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, 10),
         ).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
 
@@ -130,7 +144,7 @@ def main() -> None:
             x, y = _common.to_device(batch, device)
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             return loss.detach()
 

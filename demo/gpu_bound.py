@@ -26,15 +26,19 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
 NAME = "gpu_bound"
 N_SAMPLES, BATCH, IN_DIM, CLASSES, LAYERS = 8192, 512, 256, 10, 4
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--width", type=int, default=0,
-                        help="hidden width (default 4096 on cuda, 1024 on cpu; --relieve divides by 4)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=0,
+        help="hidden width (default 4096 on cuda, 1024 on cpu; --relieve divides by 4)",
+    )
 
 
 def make_data() -> TensorDataset:
@@ -61,20 +65,26 @@ def main() -> None:
         width //= 4
     with _common.Run(NAME, device) as run:
         data = make_data()
-        loader = DataLoader(data, batch_size=None,
-                            sampler=BatchSampler(RandomSampler(data), BATCH, drop_last=True),
-                            pin_memory=cuda)
+        loader = DataLoader(
+            data,
+            batch_size=None,
+            sampler=BatchSampler(RandomSampler(data), BATCH, drop_last=True),
+            pin_memory=cuda,
+        )
         model = mlp(width).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 
         def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = _common.to_device(batch, device)
-            autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
-                        if cuda and args.relieve else contextlib.nullcontext())
+            autocast = (
+                torch.autocast("cuda", dtype=torch.bfloat16)
+                if cuda and args.relieve
+                else contextlib.nullcontext()
+            )
             with autocast:
                 loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             return loss.detach()
 

@@ -30,12 +30,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
 NAME = "io_bound"
 FILE_SIZE, BLOCK, READS, N_SAMPLES, BATCH = 256 << 20, 4096, 32, 4096, 32
 DATA_DIR = os.environ.get("TORCHWATCH_DEMO_DIR") or os.path.join(
-    tempfile.gettempdir(), "torchwatch-demo")
+    tempfile.gettempdir(), "torchwatch-demo"
+)
 
 
 def data_file() -> str:
@@ -47,13 +48,12 @@ def data_file() -> str:
     _common.say(NAME, f"creating {FILE_SIZE >> 20} MiB data file {path}")
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        for _ in range(FILE_SIZE // (1 << 20)):
-            f.write(os.urandom(1 << 20))
+        f.writelines(os.urandom(1 << 20) for _ in range(FILE_SIZE // (1 << 20)))
     os.replace(tmp, path)
     return path
 
 
-class Records(Dataset):
+class Records(Dataset[torch.Tensor]):
     """Sample i = READS fixed, scattered BLOCK-sized records of the file."""
 
     def __init__(self, path: str, in_memory: bool) -> None:
@@ -65,7 +65,7 @@ class Records(Dataset):
         self.buf = mmap.mmap(-1, READS * BLOCK)  # page-aligned, as O_DIRECT needs
         self.ram: torch.Tensor | None = self._read_all() if in_memory else None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         """For spawn-started workers: they open their own fd and buffer."""
         return {**self.__dict__, "buf": None, "pid": -1, "fd": -1}
 
@@ -83,8 +83,11 @@ class Records(Dataset):
             if self.fd >= 0:
                 os.close(self.fd)
             self.fd, self.direct = os.open(self.path, os.O_RDONLY), False
-            _common.say(NAME, "warning: O_DIRECT not supported here; using "
-                        "posix_fadvise(DONTNEED) + buffered reads instead")
+            _common.say(
+                NAME,
+                "warning: O_DIRECT not supported here; using "
+                "posix_fadvise(DONTNEED) + buffered reads instead",
+            )
 
     def _read_all(self) -> torch.Tensor:
         """--relieve: the whole file, in 8 MiB sequential reads, into RAM."""
@@ -92,7 +95,7 @@ class Records(Dataset):
         ram, chunk = mmap.mmap(-1, FILE_SIZE), 8 << 20
         view = memoryview(ram)
         for off in range(0, FILE_SIZE, chunk):
-            os.preadv(self.fd, [view[off:off + chunk]], off)
+            os.preadv(self.fd, [view[off : off + chunk]], off)
         return torch.frombuffer(ram, dtype=torch.uint8).view(-1, BLOCK)
 
     def __len__(self) -> int:
@@ -107,7 +110,7 @@ class Records(Dataset):
             for j, b in enumerate(self.blocks[i]):  # queue depth 1: wait on each read
                 if not self.direct:
                     os.posix_fadvise(self.fd, b * BLOCK, BLOCK, os.POSIX_FADV_DONTNEED)
-                os.preadv(self.fd, [view[j * BLOCK:(j + 1) * BLOCK]], b * BLOCK)
+                os.preadv(self.fd, [view[j * BLOCK : (j + 1) * BLOCK]], b * BLOCK)
         return torch.frombuffer(bytearray(self.buf), dtype=torch.uint8).view(READS, BLOCK)
 
 
@@ -117,10 +120,15 @@ def main() -> None:
     device = torch.device(args.device)
     with _common.Run(NAME, device) as run:
         data = Records(data_file(), in_memory=args.relieve)
-        loader = DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True,
-                            num_workers=args.num_workers,
-                            persistent_workers=args.num_workers > 0,
-                            pin_memory=device.type == "cuda")
+        loader = DataLoader(
+            data,
+            batch_size=BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=args.num_workers,
+            persistent_workers=args.num_workers > 0,
+            pin_memory=device.type == "cuda",
+        )
         model = nn.Sequential(nn.Linear(READS * 64, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -130,7 +138,7 @@ def main() -> None:
             y = (x[:, :64].mean(1) > 0.5).long()  # target: a function of the record bytes
             loss = F.cross_entropy(model((x - 0.5) * 10), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             return loss.detach()
 
