@@ -67,6 +67,7 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("fetch_other_wait_share", "share", "py-spy+proc", "loop time the main thread sleeps / reads sockets inside the DataLoader"),
     ("input_cpu_share", "share", "py-spy+proc", "loop time lost to CPU work of the data pipeline (main thread or workers)"),
     ("storage_wait_share", "share", "py-spy+proc", "loop time lost to storage reads (main thread or workers)"),
+    ("storage_wait_async_share", "share", "py-spy+proc", "loop time waiting on workers that wait on storage"),
     ("input_other_wait_share", "share", "py-spy+proc", "loop time lost to data-pipeline sleeps / socket reads"),
     ("loop_cpu_share", "share", "py-spy+proc", "main thread on CPU outside the data pipeline"),
     ("main_cpu_pct", "%", "psutil", "training process CPU, % of one core (all its threads)"),
@@ -190,6 +191,7 @@ def _combine(f: Features) -> Features:
 
     main_disk = f.get("main_disk_share")
     # Main-thread storage waits outside the DataLoader (reads in the loop) count as well.
+    out["storage_wait_async_share"] = via_workers(wdisk)
     out["storage_wait_share"] = add(main_disk if main_disk is not None else fetch_disk, via_workers(wdisk))
     out["input_cpu_share"] = add(fetch_cpu, via_workers(wrun))
     out["input_other_wait_share"] = add(fetch_other, via_workers(wother))

@@ -14,10 +14,24 @@ RULES = {r.id: r for r in load_rules()}
 ENOUGH = {"stack_samples": 100.0, "thread_samples": 50.0}
 
 
+def consistent(values: dict[str, float | None]) -> dict[str, float | None]:
+    """Fill the features that the features layer derives together, as it would.
+
+    A storage share given alone is the main thread's own disk wait; a data-loading share given
+    alone stands beside no loop CPU work (features.py computes them together).
+    """
+    out = dict(values)
+    if out.get("storage_wait_share") is not None and "storage_wait_async_share" not in out:
+        out.setdefault("main_disk_share", out["storage_wait_share"])
+    if out.get("storage_wait_share") is not None or out.get("fetch_cpu_share") is not None:
+        out.setdefault("loop_cpu_share", 0.0)
+    return out
+
+
 def features(**values: float | None) -> Features:
     f: Features = {name: None for name in CATALOGUE}
     f.update(ENOUGH)
-    for name, value in values.items():
+    for name, value in consistent(values).items():
         assert name in CATALOGUE, name
         f[name] = value
     return f
@@ -38,8 +52,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "input_other_wait_share",
     ),
     "loader-cpu-in-main-thread": (
-        {"fetch_cpu_share": 0.6},
-        {"fetch_cpu_share": 0.1},
+        {"fetch_cpu_share": 0.6, "loop_cpu_share": 0.3},
+        # in-thread loading a quarter of the step beside 3x as much loop CPU: not the limit
+        {"fetch_cpu_share": 0.25, "loop_cpu_share": 0.75},
         "fetch_cpu_share",
     ),
     "loader-cpu-in-workers": (
@@ -59,8 +74,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "main_sync_share",
     ),
     "storage-wait": (
-        {"storage_wait_share": 0.5},
-        {"storage_wait_share": 0.05},
+        {"storage_wait_share": 0.5, "main_disk_share": 0.5, "loop_cpu_share": 0.1},
+        {"storage_wait_share": 0.25, "main_disk_share": 0.25, "loop_cpu_share": 0.7},
         "storage_wait_share",
     ),
 }
@@ -283,3 +298,13 @@ def test_confidence_stays_within_0_and_1_for_rule_without_measure() -> None:
     a = settle(features(), [no_measure, label_rule("cpu-bound", 0.1)])
     assert a.verdict.label == "gpu-bound"
     assert 0.0 <= a.verdict.confidence <= 1.0
+
+
+def test_workers_waiting_on_storage_decide_even_beside_loop_cpu() -> None:
+    """Waiting on workers that wait on disk limits throughput whatever the loop's own CPU work."""
+    rule = RULES["storage-wait"]
+    d = Diagnoser([rule])
+    values = {"storage_wait_share": 0.3, "storage_wait_async_share": 0.3, "main_disk_share": 0.0,
+              "loop_cpu_share": 0.7}
+    d.evaluate(features(**values), 0.0)
+    assert ids(d.evaluate(features(**values), rule.hold_s + 1)) == {"storage-wait"}

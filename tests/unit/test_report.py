@@ -29,9 +29,12 @@ STATUSES = {
 }
 
 
+from tests.unit.test_diagnosis import consistent  # noqa: E402
+
+
 def features(**values: float | None) -> Features:
     f: Features = {name: None for name in CATALOGUE}
-    f.update(stack_samples=100.0, thread_samples=50.0, **values)
+    f.update(stack_samples=100.0, thread_samples=50.0, **consistent(values))
     return f
 
 
