@@ -16,8 +16,9 @@ for as long before it stops firing (hold and release), so a steady run does not 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from torchwatch import expr
 from torchwatch.cpus import suggested_workers

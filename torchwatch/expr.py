@@ -15,8 +15,10 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Callable, Mapping
+from typing import Any
 
 _MAX_LENGTH = 2000
 _MAX_NODES = 200
@@ -87,9 +89,7 @@ def parse(text: str, known_names: AbstractSet[str] | Mapping[str, object] | None
     except (ValueError, RecursionError, MemoryError) as exc:
         raise ExprError(f"cannot parse: {exc}") from None
     names: set[str] = set()
-    count = 0
-    for node in ast.walk(tree):
-        count += 1
+    for count, node in enumerate(ast.walk(tree), start=1):
         if count > _MAX_NODES:
             raise ExprError(f"expression has more than {_MAX_NODES} parts")
         _check(node, names, known_names)
@@ -180,7 +180,7 @@ def _eval(node: ast.AST, values: Mapping[str, float | None]) -> Any:
             return math.copysign(math.inf, left) if left else math.inf
     if isinstance(node, ast.Compare):
         left = _eval(node.left, values)
-        for op, comp in zip(node.ops, node.comparators):
+        for op, comp in zip(node.ops, node.comparators, strict=True):
             right = _eval(comp, values)
             if not _CMPOPS[type(op)](left, right):
                 return False
@@ -196,5 +196,7 @@ def _eval(node: ast.AST, values: Mapping[str, float | None]) -> Any:
         args = [_eval(a, values) for a in node.args]
         if name == "clamp":
             return min(max(args[0], args[1]), args[2])
-        return {"min": min, "max": max, "abs": abs}[name](*args)
+        if name == "abs":
+            return abs(args[0])
+        return min(args) if name == "min" else max(args)
     raise ExprError(f"{type(node).__name__} not allowed")  # unreachable after _check

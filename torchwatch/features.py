@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from torchwatch import stacks
 from torchwatch.readings import Role, Wait
@@ -64,8 +64,10 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("workers_busy_share", "share", "proc", "workers' main threads producing (not idle on their index queue)"),
     ("fetch_cpu_share", "share", "py-spy+proc", "loop time the main thread computes samples (num_workers=0)"),
     ("fetch_disk_share", "share", "py-spy+proc", "loop time the main thread reads storage inside the DataLoader"),
-    ("fetch_other_wait_share", "share", "py-spy+proc", "loop time the main thread sleeps / reads sockets inside the DataLoader"),
-    ("input_cpu_share", "share", "py-spy+proc", "loop time lost to CPU work of the data pipeline (main thread or workers)"),
+    ("fetch_other_wait_share", "share", "py-spy+proc",
+     "loop time the main thread sleeps / reads sockets inside the DataLoader"),
+    ("input_cpu_share", "share", "py-spy+proc",
+     "loop time lost to CPU work of the data pipeline (main thread or workers)"),
     ("storage_wait_share", "share", "py-spy+proc", "loop time lost to storage reads (main thread or workers)"),
     ("storage_wait_async_share", "share", "py-spy+proc", "loop time waiting on workers that wait on storage"),
     ("input_other_wait_share", "share", "py-spy+proc", "loop time lost to data-pipeline sleeps / socket reads"),

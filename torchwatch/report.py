@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torchwatch.diagnosis import Analysis
 from torchwatch.features import CATALOGUE
@@ -19,13 +20,15 @@ def _num(v: float | None) -> float | None:
 
 def build(analysis: Analysis, statuses: Mapping[str, SourceStatus], *, pid: int, cmdline: Sequence[str],
           exit_code: int | None, window_s: float, watched_s: float,
-          history: Sequence[tuple[float, str]] = ()) -> dict[str, Any]:
+          history: Sequence[tuple[float, str]] = (), own_usage: Mapping[str, float] | None = None
+          ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
     Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
     ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
     reason?, hint?}}, ``features`` {name: number | null}. Added: ``not_applicable``,
-    ``watched_seconds``, ``verdict_history`` and ``feature_units``.
+    ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
+    CPU and memory, see :meth:`Session.own_usage`).
     """
     return {
         "schema": SCHEMA,
@@ -39,6 +42,7 @@ def build(analysis: Analysis, statuses: Mapping[str, SourceStatus], *, pid: int,
         "feature_units": {k: spec.unit for k, spec in CATALOGUE.items()},
         "watched_seconds": round(watched_s, 1),
         "verdict_history": [{"t": t, "label": label} for t, label in history],
+        "self": dict(own_usage or {}),
     }
 
 

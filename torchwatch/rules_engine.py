@@ -26,10 +26,11 @@ from __future__ import annotations
 import re
 import string
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from torchwatch import expr
 from torchwatch.errors import RuleError, UsageError
@@ -38,7 +39,7 @@ from torchwatch.features import CATALOGUE
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 LABELS = ("gpu-bound", "io-bound", "dataloader-bound", "cpu-bound", "undetermined")  # priority order
 SEVERITIES = ("info", "warning", "critical")
@@ -83,7 +84,7 @@ class Rule:
 
 
 def _line_of(text: str, key: str, nth: int = 0) -> int | None:
-    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=", re.M)
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=", re.MULTILINE)
     matches = list(pattern.finditer(text))
     if len(matches) <= nth:
         return None

@@ -6,10 +6,12 @@ nor the report calls a source; they read :attr:`Session.latest` and :meth:`Sessi
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torchwatch import features as feats
 from torchwatch.diagnosis import Analysis, Diagnoser
@@ -71,13 +73,15 @@ class Session:
         self.last_alive: Analysis | None = None  # the last analysis made while the target ran
         self.history: list[tuple[float, str]] = []  # (seconds since start, label) at each change
         self.ended_at: float | None = None
+        self._chosen: int | None = None
         opts = self.options
         self.proc = ProcSource(self.tree)
+        self.pyspy = PySpySource(self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate,
+                                 chunk=opts.pyspy_chunk_s)
         self.sources: list[Source] = [
             self.proc,
             ThreadStateSource(self.tree, interval=opts.thread_interval_s),
-            PySpySource(self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate,
-                        chunk=opts.pyspy_chunk_s),
+            self.pyspy,
         ]
         if opts.nvml:
             self.sources.append(NvmlSource(self.tree.pids))
@@ -85,8 +89,21 @@ class Session:
 
     # -- tree helpers handed to sources -------------------------------------------------------
     def _main_pid(self) -> int | None:
+        """The training process to diagnose: the busiest main, kept until another is 2x busier.
+
+        Under torchrun every rank is a main (ranks look alike, the first stays); when a Python
+        wrapper starts the real training with subprocess, the training is the busy one.
+        """
         mains = self.tree.mains()
-        return mains[0] if mains else None
+        if not mains:
+            return None
+        cpu = self.proc.cpu_pct
+        current = self._chosen if self._chosen in mains else mains[0]
+        busiest = max(mains, key=lambda pid: cpu.get(pid, 0.0))
+        if cpu.get(busiest, 0.0) > 2.0 * cpu.get(current, 0.0) + 5.0:
+            current = busiest
+        self._chosen = current
+        return current
 
     def _role_of(self, pid: int) -> Role:
         node = self.tree.nodes().get(pid)
@@ -112,10 +129,9 @@ class Session:
         """Stop sampling, close the sources and join the threads. Idempotent."""
         self._stop.set()
         for src in self.sources:
-            try:
+            # a source failing to close must not block the exit
+            with contextlib.suppress(Exception):
                 src.close()
-            except Exception:  # noqa: BLE001 - a source failing to close must not block the exit
-                pass
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -128,6 +144,16 @@ class Session:
     def statuses(self) -> dict[str, SourceStatus]:
         """``{source name: status}`` for the report and the TUI."""
         return {src.name: src.status for src in self.sources}
+
+    def own_usage(self) -> dict[str, float]:
+        """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
+        and both together as % of one core."""
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        own = me.ru_utime + me.ru_stime
+        wall = max(1e-9, (self.ended_at or time.monotonic()) - self.started)
+        return {"torchwatch_cpu_s": round(own, 3), "pyspy_cpu_s": round(self.pyspy.cpu_s, 3),
+                "wall_s": round(wall, 2), "cpu_pct_of_core": round(100 * (own + self.pyspy.cpu_s) / wall, 2),
+                "max_rss_bytes": me.ru_maxrss * 1024}
 
     def why_missing(self, feature: str) -> str:
         """Why ``feature`` has no value: the status of its source, or too few samples."""
@@ -150,7 +176,7 @@ class Session:
             t0 = time.monotonic()
             try:
                 readings = src.sample(t0)
-            except Exception as exc:  # noqa: BLE001 - a source bug must not kill the session
+            except Exception as exc:
                 src.status = SourceStatus.unavailable(f"internal error in {src.name}: {exc!r}",
                                                       "please report it; other sources keep running")
                 return
@@ -183,7 +209,7 @@ class Session:
                 break
             try:
                 analysis = self.analyze()
-            except Exception:  # noqa: BLE001 - keep watching; the next window may be fine
+            except Exception:
                 continue
             if self.on_analysis is not None:
                 self.on_analysis(analysis)

@@ -13,7 +13,7 @@ Pure functions over :class:`~torchwatch.readings.Frame` tuples (outermost first)
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torchwatch.readings import Frame
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from torchwatch.readings import (
     GpuSample,

@@ -6,13 +6,15 @@ prints one line and exits non-zero, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 import psutil
 
@@ -112,7 +114,7 @@ def check_command(command: Sequence[str]) -> None:
                               "check the spelling and PATH, e.g. torchwatch run -- python train.py")
 
 
-def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
+def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[bytes] | int | None = None,
            stdin: int | None = None) -> subprocess.Popen[bytes]:
     """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
 
@@ -178,10 +180,8 @@ def _tree_procs(pid: int) -> list[psutil.Process]:
 
 
 def _send(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _wait(child: subprocess.Popen[bytes], seconds: float) -> bool:

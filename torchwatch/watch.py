@@ -8,9 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 
@@ -45,7 +45,7 @@ def _rules(opts: WatchOptions) -> list[Rule]:
 def _check_json_path(path: str | None) -> None:
     if path in (None, "-"):
         return
-    parent = Path(path).expanduser().resolve().parent  # type: ignore[arg-type]
+    parent = Path(path).expanduser().resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise TorchwatchError(f"cannot write the JSON report to {path}: {parent} is not a writable directory",
                               "give --json a path in an existing, writable directory")
@@ -76,8 +76,8 @@ def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
         return code
     session.start()
-    code = _drive(session, child, opts, log_path)
-    return code if code is not None else 0
+    status = _drive(session, child, opts, log_path)
+    return status if status is not None else 0
 
 
 def attach_pid(pid: int, opts: WatchOptions) -> int:
@@ -159,9 +159,10 @@ def _write_reports(session: Session, child: subprocess.Popen[bytes] | None, code
     analysis = session.final()
     pid = child.pid if child is not None else session.tree.root
     node = session.tree.nodes().get(session.main_pid or pid) or session.tree.nodes().get(pid)
-    cmdline = list(child.args) if child is not None else list(node.cmdline if node else ())  # type: ignore[arg-type]
+    cmdline = [str(a) for a in child.args] if child is not None else list(node.cmdline if node else ())  # type: ignore[union-attr]
     data = report.build(analysis, session.statuses(), pid=pid, cmdline=cmdline, exit_code=code,
-                        window_s=session.options.window_s, watched_s=watched_s, history=session.history)
+                        window_s=session.options.window_s, watched_s=watched_s, history=session.history,
+                        own_usage=session.own_usage())
     text = report.render_text(data)
     if opts.json_path == "-":
         print(text, file=sys.stderr)

@@ -6,6 +6,6 @@ import sys
 os.geteuid = lambda: 65534  # type: ignore[assignment]
 os.getuid = lambda: 65534  # type: ignore[assignment]
 
-from torchwatch.cli import main  # noqa: E402
+from torchwatch.cli import main  # noqa: E402 - after the uid patch on purpose
 
 sys.exit(main(["attach", "--headless", sys.argv[1]]))

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.featuresets import consistent
 from torchwatch.diagnosis import Analysis, Diagnoser
 from torchwatch.features import CATALOGUE, Features
 from torchwatch.rules_engine import Rule, load_rules, parse_rule
@@ -13,19 +14,6 @@ from torchwatch.rules_engine import Rule, load_rules, parse_rule
 RULES = {r.id: r for r in load_rules()}
 ENOUGH = {"stack_samples": 100.0, "thread_samples": 50.0}
 
-
-def consistent(values: dict[str, float | None]) -> dict[str, float | None]:
-    """Fill the features that the features layer derives together, as it would.
-
-    A storage share given alone is the main thread's own disk wait; a data-loading share given
-    alone stands beside no loop CPU work (features.py computes them together).
-    """
-    out = dict(values)
-    if out.get("storage_wait_share") is not None and "storage_wait_async_share" not in out:
-        out.setdefault("main_disk_share", out["storage_wait_share"])
-    if out.get("storage_wait_share") is not None or out.get("fetch_cpu_share") is not None:
-        out.setdefault("loop_cpu_share", 0.0)
-    return out
 
 
 def features(**values: float | None) -> Features:

@@ -130,9 +130,18 @@ def test_spawn_worker_and_resource_tracker() -> None:
     }
 
 
-def test_other_python_child_is_not_a_worker() -> None:
-    nodes = {300: node(1, TRAIN), 301: node(300, (PY, "eval.py"))}
-    assert assign_roles(nodes, 300) == {300: Role.MAIN, 301: Role.OTHER}
+def test_other_python_child_is_a_candidate_main_not_a_worker() -> None:
+    """A wrapper may start the real training with subprocess: both are mains, the session picks the busiest."""
+    nodes = {300: node(1, (PY, "launch.py")), 301: node(300, TRAIN), 302: node(301, TRAIN)}
+    assert assign_roles(nodes, 300) == {300: Role.MAIN, 301: Role.MAIN, 302: Role.WORKER}
+
+
+def test_forkserver_children_are_workers() -> None:
+    fs = (PY, "-c", "from multiprocessing.forkserver import main; main(5, 6, ['__main__'])")
+    nodes = {500: node(1, TRAIN), 501: node(500, fs), 502: node(501, fs), 503: node(501, fs)}
+    roles = assign_roles(nodes, 500)
+    assert roles[501] is Role.HELPER
+    assert roles[502] is Role.WORKER and roles[503] is Role.WORKER
 
 
 def test_non_python_tree_has_no_main() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from tests.unit.featuresets import consistent
 from torchwatch import report
 from torchwatch.diagnosis import Analysis, Diagnoser
 from torchwatch.features import CATALOGUE, Features
@@ -28,8 +29,6 @@ STATUSES = {
     "hook": SourceStatus(Status.STARTING),
 }
 
-
-from tests.unit.test_diagnosis import consistent  # noqa: E402
 
 
 def features(**values: float | None) -> Features:

@@ -7,7 +7,8 @@ for a target that exited or a missing library: it sets ``status`` instead.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from torchwatch.readings import SourceStatus
 

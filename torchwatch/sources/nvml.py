@@ -9,6 +9,7 @@ loaded, GPU lost) become ``status = unavailable`` with a reason and a hint inste
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
@@ -240,7 +241,6 @@ class NvmlSource:
                 return
             self._closed = True
             if self._initialized:
-                try:
+                # already unusable (GPU lost, driver unloaded): nothing to release
+                with contextlib.suppress(self._nvml.NVMLError):
                     self._nvml.nvmlShutdown()
-                except self._nvml.NVMLError:
-                    pass  # already unusable (GPU lost, driver unloaded): nothing to release

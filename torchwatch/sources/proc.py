@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import platform
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import psutil
 
@@ -35,7 +35,7 @@ from torchwatch.readings import (
 )
 
 # Launchers start ranks; they are watched for exit but never diagnosed as the training.
-_LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate")
+_LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
 _HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "multiprocessing.forkserver")
 _SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "multiprocessing.popen_spawn")
 
@@ -69,22 +69,30 @@ def assign_roles(nodes: dict[int, tuple[int, str, tuple[str, ...], str]], root: 
     Returns:
         ``{pid: Role}``. The topmost Python process that is not a launcher is ``main``
         (under torchrun every rank is ``main``); a Python child of a main with the same
-        command line (fork) or multiprocessing's spawn command line is a ``worker``.
+        command line (fork), multiprocessing's spawn command line, or a child of the
+        forkserver is a ``worker``. Any other Python process below a main is ``main`` too
+        (a wrapper script may start the real training with ``subprocess``): the session
+        diagnoses the busiest main.
     """
     roles: dict[int, Role] = {}
 
     def visit(pid: int, main_above: int | None) -> None:
         ppid, name, cmdline, exe = nodes[pid]
         joined = " ".join(cmdline)
+        parent_forkserver = roles.get(ppid) is Role.HELPER and "forkserver" in " ".join(nodes[ppid][2])
         role = Role.OTHER
         if not _is_python(name, cmdline, exe):
             role = Role.LAUNCHER if main_above is None else Role.OTHER
+        elif parent_forkserver and main_above is not None:
+            role = Role.WORKER
         elif any(m in joined for m in _HELPER_MARKERS):
             role = Role.HELPER
         elif main_above is None:
             role = Role.LAUNCHER if any(m in joined for m in _LAUNCHER_MARKERS) else Role.MAIN
         elif any(m in joined for m in _SPAWN_MARKERS) or cmdline == nodes[main_above][2]:
             role = Role.WORKER
+        else:
+            role = Role.MAIN
         roles[pid] = role
         below = pid if role is Role.MAIN else main_above
         for child, (cppid, *_rest) in nodes.items():
@@ -196,6 +204,7 @@ class ProcSource:
         self._prev: dict[int, tuple[float, float, int | None, int | None, float]] = {}
         self._prev_psi: tuple[float, float] | None = None
         self._psi_path = Path("/proc/pressure/io")
+        self.cpu_pct: dict[int, float] = {}  # pid -> CPU % of one core in the latest sample
         psutil.cpu_percent(interval=None)  # baseline for the first system sample
 
     def sample(self, now: float) -> list[object]:
@@ -215,6 +224,7 @@ class ProcSource:
                 out.append(sample)
                 seen.add(pid)
         self._prev = {pid: v for pid, v in self._prev.items() if pid in seen}
+        self.cpu_pct = {s.pid: s.cpu_pct for s in out if isinstance(s, ProcessSample) and s.cpu_pct is not None}
         out.append(self._sample_system(now))
         return out
 
@@ -225,11 +235,13 @@ class ProcSource:
                 cpu_s = times.user + times.system
                 rss = proc.memory_info().rss
                 nthreads = proc.num_threads()
+                rbytes: int | None = None
+                wbytes: int | None = None
                 try:
                     io = proc.io_counters()
                     rbytes, wbytes = io.read_bytes, io.write_bytes
                 except (psutil.AccessDenied, AttributeError):
-                    rbytes = wbytes = None
+                    pass
         except psutil.Error:
             return None
         cpu_pct = read_rate = write_rate = None

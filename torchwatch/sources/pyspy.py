@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from torchwatch.readings import Frame, Role, SourceStatus, StackSample, Status
 
@@ -135,6 +136,7 @@ class PySpySource:
         self._first = True
         self._failures = 0
         self._closed = False
+        self.cpu_s = 0.0  # CPU seconds all py-spy runs used (user + system)
 
     def sample(self, now: float) -> list[object]:
         """Record one chunk (blocks ``chunk`` seconds) and return its stack samples."""
@@ -152,19 +154,14 @@ class PySpySource:
                    "--format", "raw", "--rate", str(self.rate), "--duration", str(max(1, round(seconds))),
                    "--pid", str(pid), "--output", str(out_path)]
             try:
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.PIPE)
-                _, err = self._proc.communicate(timeout=seconds + 15)
-                code = self._proc.returncode
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-                return []
+                proc = self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.PIPE)
             except OSError as exc:
+                self._proc = None
                 self.status = SourceStatus.unavailable(f"cannot run py-spy: {exc}", "pip install py-spy")
                 return []
-            finally:
-                self._proc = None
+            code, err = self._reap(proc, seconds + 15)
+            self._proc = None
             text = out_path.read_text(errors="replace") if out_path.exists() else ""
         end = time.monotonic()
         if text:
@@ -181,6 +178,25 @@ class PySpySource:
             if self._failures >= 3 or "permission" in err.decode(errors="replace").lower():
                 self.status = explain_failure(err.decode(errors="replace"), pid)
         return []
+
+    def _reap(self, proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, bytes]:
+        """Wait for one py-spy run; add its CPU time (``wait4`` rusage) to :attr:`cpu_s`."""
+        killer = threading.Timer(timeout, proc.kill)
+        killer.start()
+        try:
+            assert proc.stderr is not None
+            err = proc.stderr.read()
+            proc.stderr.close()
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere
+            proc.wait()
+            usage = None
+        finally:
+            killer.cancel()
+        if usage is not None:
+            self.cpu_s += usage.ru_utime + usage.ru_stime
+        return proc.returncode, err
 
     def close(self) -> None:
         """Stop a running py-spy with SIGINT (SIGTERM would lose its data) and stop sampling."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import time
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Static
 
@@ -63,7 +64,7 @@ class WatchApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "torchwatch"
-    BINDINGS = [Binding("q", "quit", "Quit (stops a launched training)")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit (stops a launched training)")]
 
     def __init__(self, session: Session, child: subprocess.Popen[bytes] | None = None,
                  duration: float | None = None) -> None:

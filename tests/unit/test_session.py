@@ -1,0 +1,47 @@
+"""Session: which training process is diagnosed, and what a missing feature is blamed on."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from torchwatch.readings import SourceStatus
+from torchwatch.rules_engine import load_rules
+from torchwatch.session import Session, SessionOptions
+
+
+@pytest.fixture
+def session() -> Session:
+    # Built on this test process but never started: no sampler thread runs.
+    return Session(os.getpid(), load_rules(), SessionOptions(nvml=False))
+
+
+def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    monkeypatch.setattr(session.tree, "mains", lambda: [100, 200])
+    session.proc.cpu_pct = {100: 1.0, 200: 95.0}  # a wrapper waiting on the real training
+    assert session.main_pid == 200
+    session.proc.cpu_pct = {100: 60.0, 200: 50.0}  # not 2x busier: keep the choice
+    assert session.main_pid == 200
+    monkeypatch.setattr(session.tree, "mains", lambda: [100])  # the chosen one exited
+    assert session.main_pid == 100
+
+
+def test_no_main_yet(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session.tree, "mains", lambda: [])
+    assert session.main_pid is None
+    assert "no Python training process" in session.why_missing("data_wait_share")
+
+
+def test_missing_feature_blames_its_unavailable_source(session: Session) -> None:
+    session.pyspy.status = SourceStatus.unavailable("py-spy may not read process 1: permission denied", "sudo")
+    assert session.why_missing("data_wait_share") == "py-spy unavailable: py-spy may not read process 1: " \
+        "permission denied"
+    assert session.why_missing("main_disk_share").startswith("not enough samples")
+
+
+def test_own_usage_reports_cpu_and_memory(session: Session) -> None:
+    usage = session.own_usage()
+    assert usage["torchwatch_cpu_s"] > 0 and usage["max_rss_bytes"] > 1_000_000
+    assert usage["pyspy_cpu_s"] == 0.0
