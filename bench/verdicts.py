@@ -19,6 +19,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {"dataloader_bound": "dataloader-bound", "io_bound": "io-bound", "cpu_bound": "cpu-bound",
             "gpu_bound": "cpu-bound"}  # gpu_bound computes on the CPU without a GPU
+# Relieving gpu_bound on a CPU-only machine leaves CPU compute: its label need not change there.
+RELIEF_CHANGES_LABEL = {"dataloader_bound": True, "io_bound": True, "cpu_bound": True, "gpu_bound": False}
+
+
+def correct(demo: str, relieve: bool, label: str) -> bool:
+    """Default runs must get the expected label; relieved runs must get another one (where relief moves it)."""
+    if not relieve:
+        return label == EXPECTED[demo]
+    return label != EXPECTED[demo] or not RELIEF_CHANGES_LABEL[demo]
 
 
 def watch(demo: str, relieve: bool, duration: float) -> dict[str, object]:
@@ -55,7 +64,7 @@ def main() -> int:
                 row = watch(demo, relieve, args.duration)
                 row["run"] = i + 1
                 rows.append(row)
-                ok = (row["label"] == EXPECTED[demo]) != relieve
+                ok = correct(demo, relieve, str(row["label"]))
                 print(f"run {i + 1} {demo:17s} {'relieved' if relieve else 'default ':8s} -> {row['label']:17s} "
                       f"conf {row['confidence']:.2f}  {'OK' if ok else 'WRONG'}  ({time.monotonic() - t0:.0f} s)",
                       flush=True)
@@ -64,7 +73,7 @@ def main() -> int:
     for demo in args.demos.split(","):
         for relieve in (False,) if args.no_relieve else (False, True):
             labels = [str(r["label"]) for r in rows if r["demo"] == demo and r["relieve"] == relieve]
-            good = all((lab == EXPECTED[demo]) != relieve for lab in labels)
+            good = all(correct(demo, relieve, lab) for lab in labels)
             variant = "relieved" if relieve else "default"
             print(f"{demo:17s} {variant:9s} {', '.join(labels):55s} {'PASS' if good else 'FAIL'}")
     if args.json:

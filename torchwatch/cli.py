@@ -43,6 +43,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="add or override rules from the *.toml files in DIR (repeatable)")
     p.add_argument("--window", type=_duration, default=10.0, metavar="SECONDS",
                    help="seconds of readings each verdict is computed over (default: 10)")
+    p.add_argument("--trace", metavar="PATH", type=Path,
+                   help="append every analysis (features, findings, verdict) to PATH as JSON lines")
 
 
 def build_parser() -> argparse.ArgumentParser:

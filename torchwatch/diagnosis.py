@@ -10,7 +10,9 @@ samples behind the stack and thread shares (full at 3 s of data), and ``dominanc
 ``measure / max(measure of any deciding finding)`` (lower when a later label explains more).
 
 Stability: a rule's condition must hold for its ``for`` seconds before it fires, and be false
-for as long before it stops firing (hold and release), so a steady run does not flap.
+for as long before it stops firing (hold and release), so a steady run does not flap. While a
+rule of a higher-priority label holds but has not fired yet, a lower label is not announced:
+the previous verdict stays (no "dataloader-bound for one second, then io-bound" at start).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class Diagnoser:
         self._true_since: dict[str, float] = {}
         self._false_since: dict[str, float] = {}
         self._firing: set[str] = set()
+        self._last: Verdict | None = None
 
     def evaluate(self, features: Features, now: float) -> Analysis:
         """Evaluate every rule on ``features`` taken at ``now`` (monotonic seconds)."""
@@ -136,7 +139,14 @@ class Diagnoser:
             if not self._update(rule, holds, now):
                 continue
             analysis.findings.append(self._finding(rule, values))
-        analysis.verdict = self._verdict(analysis.findings, features)
+        verdict = self._verdict(analysis.findings, features)
+        order = {label: i for i, label in enumerate(LABELS)}
+        pending = [r for r in self.rules if r.id in self._true_since and r.id not in self._firing
+                   and r.severity != "info" and r.label != "undetermined"]
+        if any(order[r.label] < order[verdict.label] for r in pending):
+            verdict = self._last or Verdict("undetermined", 0.0, "Collecting evidence: a finding is settling.")
+        self._last = verdict
+        analysis.verdict = verdict
         return analysis
 
     def _update(self, rule: Rule, holds: bool, now: float) -> bool:

@@ -7,9 +7,11 @@ nor the report calls a source; they read :attr:`Session.latest` and :meth:`Sessi
 from __future__ import annotations
 
 import contextlib
+import json
 import resource
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +37,7 @@ class SessionOptions:
         pyspy_chunk_s: seconds per py-spy recording.
         thread_interval_s: seconds between two rounds of thread-state sampling.
         nvml: whether to read GPUs through NVML at all.
+        trace_path: append every analysis (features, findings, verdict) to this file as JSON lines.
     """
 
     window_s: float = 10.0
@@ -43,6 +46,7 @@ class SessionOptions:
     pyspy_chunk_s: float = 3.0
     thread_interval_s: float = 0.1
     nvml: bool = True
+    trace_path: Path | None = None
 
 
 class Session:
@@ -200,7 +204,19 @@ class Session:
             label = analysis.verdict.label
             if not self.history or self.history[-1][1] != label:
                 self.history.append((round(now - self.started, 1), label))
+        if self.options.trace_path is not None:
+            self._trace(analysis, now)
         return analysis
+
+    def _trace(self, analysis: Analysis, now: float) -> None:
+        record = {"t": round(now - self.started, 2), "main_pid": self.main_pid,
+                  "verdict": analysis.verdict.to_json(), "findings": [f.rule for f in analysis.findings],
+                  "features": {k: (None if v is None else round(v, 4)) for k, v in analysis.features.items()}}
+        try:
+            with open(self.options.trace_path, "a") as f:  # type: ignore[arg-type]
+                f.write(json.dumps(record) + "\n")
+        except OSError:
+            self.options = SessionOptions(**{**self.options.__dict__, "trace_path": None})
 
     def _analysis_loop(self) -> None:
         while not self._stop.wait(self.options.analysis_interval_s):

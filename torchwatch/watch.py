@@ -32,10 +32,14 @@ class WatchOptions:
     json_path: str | None = None
     rules_dirs: list[Path] = field(default_factory=list)
     window: float = 10.0
+    trace: Path | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
-        return cls(args.headless, args.duration, args.json, list(args.rules), args.window)
+        return cls(args.headless, args.duration, args.json, list(args.rules), args.window, args.trace)
+
+    def session_options(self) -> SessionOptions:
+        return SessionOptions(window_s=self.window, trace_path=self.trace)
 
 
 def _rules(opts: WatchOptions) -> list[Rule]:
@@ -70,7 +74,7 @@ def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
         with open(log_path, "wb") as log:
             child = launch(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        session = Session(child.pid, rules, SessionOptions(window_s=opts.window))
+        session = Session(child.pid, rules, opts.session_options())
     except psutil.NoSuchProcess:
         code = exit_status(child.wait())
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
@@ -90,7 +94,7 @@ def attach_pid(pid: int, opts: WatchOptions) -> int:
     _check_json_path(opts.json_path)
     check_attachable(pid)
     try:
-        session = Session(pid, rules, SessionOptions(window_s=opts.window))
+        session = Session(pid, rules, opts.session_options())
     except psutil.NoSuchProcess:
         raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
     session.start()

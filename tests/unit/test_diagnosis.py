@@ -296,3 +296,15 @@ def test_workers_waiting_on_storage_decide_even_beside_loop_cpu() -> None:
               "loop_cpu_share": 0.7}
     d.evaluate(features(**values), 0.0)
     assert ids(d.evaluate(features(**values), rule.hold_s + 1)) == {"storage-wait"}
+
+
+def test_lower_label_waits_while_a_higher_one_is_settling() -> None:
+    """At start-up, reads can settle a second after CPU work: no brief dataloader-bound first."""
+    d = Diagnoser([RULES["storage-wait"], RULES["loader-cpu-in-main-thread"]])
+    loader_only = features(fetch_cpu_share=0.6, loop_cpu_share=0.2, storage_wait_share=0.0)
+    both = features(fetch_cpu_share=0.6, loop_cpu_share=0.2, storage_wait_share=0.5)
+    d.evaluate(loader_only, 0.0)
+    settling = d.evaluate(both, 2.0)  # loader rule fired; storage rule holds but waits its 2 s
+    assert "loader-cpu-in-main-thread" in ids(settling)
+    assert settling.verdict.label == "undetermined"
+    assert d.evaluate(both, 4.0).verdict.label == "io-bound"
