@@ -36,8 +36,13 @@ def run_once(demo: str, seconds: float, watched: bool) -> tuple[float, float | N
         return _steps_per_s(proc.stderr), None
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
-        proc = subprocess.run([sys.executable, "-m", "torchwatch", "run", "--headless", "--json", str(out), "--",
-                               *cmd], capture_output=True, text=True, cwd=REPO, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchwatch", "run", "--headless", "--json", str(out), "--", *cmd],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=False,
+        )
         own = json.loads(out.read_text())["self"]
     return _steps_per_s(proc.stderr), float(own["cpu_pct_of_core"])
 
@@ -50,8 +55,10 @@ def main() -> int:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     rows = []
-    print(f"{'demo':17s} {'alone':>8s} {'watched':>8s} {'ratio':>6s} {'loss':>6s} {'tw CPU':>7s}  (medians of "
-          f"{args.pairs} interleaved pairs, {args.seconds:g} s each)")
+    print(
+        f"{'demo':17s} {'alone':>8s} {'watched':>8s} {'ratio':>6s} {'loss':>6s} {'tw CPU':>7s}  (medians of "
+        f"{args.pairs} interleaved pairs, {args.seconds:g} s each)"
+    )
     for demo in args.demos.split(","):
         alone, watched, ratios, cpus = [], [], [], []
         for _ in range(args.pairs):
@@ -62,12 +69,21 @@ def main() -> int:
             ratios.append(w / a)
             cpus.append(cpu or 0.0)
         ratio = statistics.median(ratios)
-        row = {"demo": demo, "alone": statistics.median(alone), "watched": statistics.median(watched),
-               "ratio": ratio, "loss_pct": 100 * (1 - ratio), "torchwatch_cpu_pct": statistics.median(cpus),
-               "ratios": ratios}
+        row = {
+            "demo": demo,
+            "alone": statistics.median(alone),
+            "watched": statistics.median(watched),
+            "ratio": ratio,
+            "loss_pct": 100 * (1 - ratio),
+            "torchwatch_cpu_pct": statistics.median(cpus),
+            "ratios": ratios,
+        }
         rows.append(row)
-        print(f"{demo:17s} {row['alone']:8.1f} {row['watched']:8.1f} {ratio:6.3f} {row['loss_pct']:5.1f}% "
-              f"{row['torchwatch_cpu_pct']:6.1f}%", flush=True)
+        print(
+            f"{demo:17s} {row['alone']:8.1f} {row['watched']:8.1f} {ratio:6.3f} {row['loss_pct']:5.1f}% "
+            f"{row['torchwatch_cpu_pct']:6.1f}%",
+            flush=True,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

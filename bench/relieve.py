@@ -41,9 +41,7 @@ def run_once(demo: str, seconds: float, relieve: bool) -> float:
         "cpu",
     ] + (["--relieve"] if relieve else [])
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, check=False, timeout=seconds + 120
-        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=seconds + 120)
     except subprocess.TimeoutExpired as e:
         raise RunError(f"{' '.join(cmd)} timed out") from e
     match = FINAL.search(proc.stderr)
@@ -54,12 +52,8 @@ def run_once(demo: str, seconds: float, relieve: bool) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--runs", type=int, default=3, help="default/relieved pairs per demo (default 3)"
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="default/relieved pairs per demo (default 3)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per run (default 10)")
     parser.add_argument("--demos", default=",".join(DEMOS), help="comma-separated subset")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")

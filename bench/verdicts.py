@@ -17,8 +17,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-EXPECTED = {"dataloader_bound": "dataloader-bound", "io_bound": "io-bound", "cpu_bound": "cpu-bound",
-            "gpu_bound": "cpu-bound"}  # gpu_bound computes on the CPU without a GPU
+EXPECTED = {
+    "dataloader_bound": "dataloader-bound",
+    "io_bound": "io-bound",
+    "cpu_bound": "cpu-bound",
+    "gpu_bound": "cpu-bound",
+}  # gpu_bound computes on the CPU without a GPU
 # Relieving gpu_bound on a CPU-only machine leaves CPU compute: its label need not change there.
 RELIEF_CHANGES_LABEL = {"dataloader_bound": True, "io_bound": True, "cpu_bound": True, "gpu_bound": False}
 
@@ -34,8 +38,22 @@ def watch(demo: str, relieve: bool, duration: float) -> dict[str, object]:
     """One headless run; returns label, confidence and seconds to the first correct label."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "torchwatch", "run", "--headless", "--duration", str(duration), "--json",
-               str(out), "--", sys.executable, str(REPO / "demo" / f"{demo}.py"), "--device", "cpu"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torchwatch",
+            "run",
+            "--headless",
+            "--duration",
+            str(duration),
+            "--json",
+            str(out),
+            "--",
+            sys.executable,
+            str(REPO / "demo" / f"{demo}.py"),
+            "--device",
+            "cpu",
+        ]
         if relieve:
             cmd.append("--relieve")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120, cwd=REPO)
@@ -44,8 +62,14 @@ def watch(demo: str, relieve: bool, duration: float) -> dict[str, object]:
         report = json.loads(out.read_text())
     history = report["verdict_history"]
     first = next((h["t"] for h in history if h["label"] == EXPECTED[demo]), None)
-    return {"demo": demo, "relieve": relieve, "label": report["verdict"]["label"],
-            "confidence": report["verdict"]["confidence"], "first_correct_s": first, "history": history}
+    return {
+        "demo": demo,
+        "relieve": relieve,
+        "label": report["verdict"]["label"],
+        "confidence": report["verdict"]["confidence"],
+        "first_correct_s": first,
+        "history": history,
+    }
 
 
 def main() -> int:
@@ -65,9 +89,11 @@ def main() -> int:
                 row["run"] = i + 1
                 rows.append(row)
                 ok = correct(demo, relieve, str(row["label"]))
-                print(f"run {i + 1} {demo:17s} {'relieved' if relieve else 'default ':8s} -> {row['label']:17s} "
-                      f"conf {row['confidence']:.2f}  {'OK' if ok else 'WRONG'}  ({time.monotonic() - t0:.0f} s)",
-                      flush=True)
+                print(
+                    f"run {i + 1} {demo:17s} {'relieved' if relieve else 'default ':8s} -> {row['label']:17s} "
+                    f"conf {row['confidence']:.2f}  {'OK' if ok else 'WRONG'}  ({time.monotonic() - t0:.0f} s)",
+                    flush=True,
+                )
     print()
     print(f"{'demo':17s} {'variant':9s} {'labels':55s} result")
     for demo in args.demos.split(","):

@@ -52,13 +52,9 @@ def parse_args(
         default=default_device,
         help=f"device to train on (default here: {default_device})",
     )
-    parser.add_argument(
-        "--relieve", action="store_true", help="remove this demo's bottleneck (see description)"
-    )
+    parser.add_argument("--relieve", action="store_true", help="remove this demo's bottleneck (see description)")
     if num_workers:
-        parser.add_argument(
-            "--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)"
-        )
+        parser.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
@@ -139,9 +135,7 @@ class Run:
         if exc_type is None:
             self._final()
 
-    def train(
-        self, loader: Iterable[Any], step: Callable[[Any], torch.Tensor], seconds: float
-    ) -> None:
+    def train(self, loader: Iterable[Any], step: Callable[[Any], torch.Tensor], seconds: float) -> None:
         """Run ``step(batch)`` over ``loader`` (epoch after epoch) for ``seconds``.
 
         ``step`` returns the loss tensor; it is only read (``.item()``, which

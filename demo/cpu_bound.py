@@ -76,8 +76,9 @@ def main() -> None:
     _common.seed()
     device = torch.device(args.device)
     with _common.Run(NAME, device) as run:
-        loader = DataLoader(Augmented(), batch_size=BATCH, shuffle=True, drop_last=True,
-                            pin_memory=device.type == "cuda")
+        loader = DataLoader(
+            Augmented(), batch_size=BATCH, shuffle=True, drop_last=True, pin_memory=device.type == "cuda"
+        )
         model = Experts(vectorized=args.relieve).to(device)
         params = list(model.parameters())
         opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
@@ -88,9 +89,7 @@ def main() -> None:
             if args.relieve:
                 loss = F.cross_entropy(logits, y)
             else:  # per-sample loss, summed in Python
-                loss = torch.stack(
-                    [F.cross_entropy(logits[i : i + 1], y[i : i + 1]) for i in range(len(y))]
-                ).mean()
+                loss = torch.stack([F.cross_entropy(logits[i : i + 1], y[i : i + 1]) for i in range(len(y))]).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             if args.relieve:

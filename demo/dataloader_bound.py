@@ -50,12 +50,7 @@ GAUSS = torch.outer(_g, _g).flatten() / torch.outer(_g, _g).sum()
 
 def decode(idx: torch.Tensor) -> torch.Tensor:
     """'Decode' images idx -> (n, 3, 64, 64): random DCT coefficients + block IDCT."""
-    coef = (
-        torch.stack(
-            [torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(int(i))) for i in idx]
-        )
-        * DECAY
-    )
+    coef = torch.stack([torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(int(i))) for i in idx]) * DECAY
     for j, i in enumerate(idx.tolist()):
         r, c = LABEL_FREQ[i % 10]
         coef[j, :, :, r * 8 + c] += 4.0
@@ -99,9 +94,7 @@ class CachedImages(Dataset[tuple[torch.Tensor, int]]):
     """--relieve: decode + normalise once, up front; cheap flip/crop on access."""
 
     def __init__(self) -> None:
-        x = torch.cat(
-            [decode(torch.arange(c, min(c + 256, N_SAMPLES))) for c in range(0, N_SAMPLES, 256)]
-        )
+        x = torch.cat([decode(torch.arange(c, min(c + 256, N_SAMPLES))) for c in range(0, N_SAMPLES, 256)])
         x = (x - x.mean((2, 3), keepdim=True)) / (x.std((2, 3), keepdim=True) + 1e-5)
         self.x = F.pad(x, (4, 4, 4, 4), mode="reflect")
 

@@ -77,9 +77,7 @@ def main() -> None:
         def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = _common.to_device(batch, device)
             autocast = (
-                torch.autocast("cuda", dtype=torch.bfloat16)
-                if cuda and args.relieve
-                else contextlib.nullcontext()
+                torch.autocast("cuda", dtype=torch.bfloat16) if cuda and args.relieve else contextlib.nullcontext()
             )
             with autocast:
                 loss = F.cross_entropy(model(x), y)

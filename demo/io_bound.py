@@ -34,9 +34,7 @@ import _common
 
 NAME = "io_bound"
 FILE_SIZE, BLOCK, READS, N_SAMPLES, BATCH = 256 << 20, 4096, 32, 4096, 32
-DATA_DIR = os.environ.get("TORCHWATCH_DEMO_DIR") or os.path.join(
-    tempfile.gettempdir(), "torchwatch-demo"
-)
+DATA_DIR = os.environ.get("TORCHWATCH_DEMO_DIR") or os.path.join(tempfile.gettempdir(), "torchwatch-demo")
 
 
 def data_file() -> str:
@@ -85,8 +83,7 @@ class Records(Dataset[torch.Tensor]):
             self.fd, self.direct = os.open(self.path, os.O_RDONLY), False
             _common.say(
                 NAME,
-                "warning: O_DIRECT not supported here; using "
-                "posix_fadvise(DONTNEED) + buffered reads instead",
+                "warning: O_DIRECT not supported here; using posix_fadvise(DONTNEED) + buffered reads instead",
             )
 
     def _read_all(self) -> torch.Tensor:

@@ -34,17 +34,37 @@ def _duration(text: str) -> float:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--headless", action="store_true",
-                   help="no TUI: a live status line on stderr, the final report on stdout")
-    p.add_argument("--duration", type=_duration, metavar="SECONDS",
-                   help="stop watching after SECONDS (run: then stop the command with SIGINT, SIGTERM, SIGKILL)")
+    p.add_argument(
+        "--headless", action="store_true", help="no TUI: a live status line on stderr, the final report on stdout"
+    )
+    p.add_argument(
+        "--duration",
+        type=_duration,
+        metavar="SECONDS",
+        help="stop watching after SECONDS (run: then stop the command with SIGINT, SIGTERM, SIGKILL)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the final report as JSON ('-' for stdout)")
-    p.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[],
-                   help="add or override rules from the *.toml files in DIR (repeatable)")
-    p.add_argument("--window", type=_duration, default=10.0, metavar="SECONDS",
-                   help="seconds of readings each verdict is computed over (default: 10)")
-    p.add_argument("--trace", metavar="PATH", type=Path,
-                   help="append every analysis (features, findings, verdict) to PATH as JSON lines")
+    p.add_argument(
+        "--rules",
+        metavar="DIR",
+        action="append",
+        type=Path,
+        default=[],
+        help="add or override rules from the *.toml files in DIR (repeatable)",
+    )
+    p.add_argument(
+        "--window",
+        type=_duration,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds of readings each verdict is computed over (default: 10)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="PATH",
+        type=Path,
+        help="append every analysis (features, findings, verdict) to PATH as JSON lines",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,13 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchwatch", description="Tells you, live, why your PyTorch training is slow.")
     parser.add_argument("--version", action="version", version=f"torchwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    run = sub.add_parser("run", help="launch a training command and watch it",
-                         description="Launch COMMAND and watch it; exits with COMMAND's exit code.",
-                         usage="torchwatch run [OPTIONS] -- COMMAND [ARGS...]")
+    run = sub.add_parser(
+        "run",
+        help="launch a training command and watch it",
+        description="Launch COMMAND and watch it; exits with COMMAND's exit code.",
+        usage="torchwatch run [OPTIONS] -- COMMAND [ARGS...]",
+    )
     _common(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command")
-    attach = sub.add_parser("attach", help="watch a running training process",
-                            description="Watch the running process PID and its children.")
+    attach = sub.add_parser(
+        "attach", help="watch a running training process", description="Watch the running process PID and its children."
+    )
     _common(attach)
     attach.add_argument("pid", metavar="PID", help="PID of the training process")
     rules = sub.add_parser("rules", help="check or list diagnosis rules")
@@ -66,8 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
     check.add_argument("dir", type=Path, metavar="DIR")
     listing = rules_sub.add_parser("list", help="print the rules in use with their thresholds' sources")
-    listing.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[],
-                         help="include the rules of DIR, as run and attach would")
+    listing.add_argument(
+        "--rules",
+        metavar="DIR",
+        action="append",
+        type=Path,
+        default=[],
+        help="include the rules of DIR, as run and attach would",
+    )
     return parser
 
 

@@ -53,9 +53,15 @@ class Finding:
     source: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "label": self.label, "severity": self.severity, "summary": self.summary,
-                "evidence": {k: _round(v) for k, v in self.evidence.items()},
-                "fixes": [f.to_json() for f in self.fixes], "source": self.source}
+        return {
+            "rule": self.rule,
+            "label": self.label,
+            "severity": self.severity,
+            "summary": self.summary,
+            "evidence": {k: _round(v) for k, v in self.evidence.items()},
+            "fixes": [f.to_json() for f in self.fixes],
+            "source": self.source,
+        }
 
 
 @dataclass(frozen=True)
@@ -141,8 +147,14 @@ class Diagnoser:
             analysis.findings.append(self._finding(rule, values))
         verdict = self._verdict(analysis.findings, features)
         order = {label: i for i, label in enumerate(LABELS)}
-        pending = [r for r in self.rules if r.id in self._true_since and r.id not in self._firing
-                   and r.severity != "info" and r.label != "undetermined"]
+        pending = [
+            r
+            for r in self.rules
+            if r.id in self._true_since
+            and r.id not in self._firing
+            and r.severity != "info"
+            and r.label != "undetermined"
+        ]
         if any(order[r.label] < order[verdict.label] for r in pending):
             verdict = self._last or Verdict("undetermined", 0.0, "Collecting evidence: a finding is settling.")
         self._last = verdict
@@ -180,8 +192,9 @@ class Diagnoser:
                     continue
             fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values)))
         evidence = {name: values.get(name) for name in rule.evidence}
-        return Finding(rule.id, rule.label, rule.severity, fill(rule.summary, values), measure, evidence,
-                       tuple(fixes), rule.source)
+        return Finding(
+            rule.id, rule.label, rule.severity, fill(rule.summary, values), measure, evidence, tuple(fixes), rule.source
+        )
 
     @staticmethod
     def _verdict(findings: list[Finding], features: Features) -> Verdict:
@@ -194,11 +207,13 @@ class Diagnoser:
             idle = [f for f in findings if f.label == "undetermined"]
             if idle:
                 return Verdict("undetermined", 0.5, idle[0].summary)
-            return Verdict("undetermined", 0.3,
-                           "No resource is seen limiting the loop: no rule's threshold is crossed.")
+            return Verdict(
+                "undetermined", 0.3, "No resource is seen limiting the loop: no rule's threshold is crossed."
+            )
         order = {label: i for i, label in enumerate(LABELS)}
         deciding.sort(key=lambda f: (order[f.label], -(f.measure or 0.0), f.severity != "critical"))
         win = deciding[0]
+
         def explained(f: Finding) -> float:
             # A rule without a measure claims a modest share; finite and within 0..1 always.
             m = f.measure if f.measure is not None and math.isfinite(f.measure) else 0.3

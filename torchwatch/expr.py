@@ -24,11 +24,18 @@ _MAX_LENGTH = 2000
 _MAX_NODES = 200
 
 _BINOPS: dict[type, Callable[[float, float], float]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
 }
 _CMPOPS: dict[type, Callable[[Any, Any], bool]] = {
-    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-    ast.Eq: operator.eq, ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
 }
 FUNCTIONS: dict[str, int] = {"min": -2, "max": -2, "abs": 1, "default": 2, "known": 1, "clamp": 3}
 
@@ -96,7 +103,6 @@ def parse(text: str, known_names: AbstractSet[str] | Mapping[str, object] | None
     return Expression(text, tree, frozenset(names))
 
 
-
 def _check(node: ast.AST, names: set[str], known: Any) -> None:
     col = getattr(node, "col_offset", None)
     col = col + 1 if col is not None else None
@@ -120,8 +126,9 @@ def _check(node: ast.AST, names: set[str], known: Any) -> None:
     if isinstance(node, ast.Constant):
         try:
             # ints are evaluated as floats: a huge literal must fail here, not at evaluation
-            if isinstance(node.value, bool) or (isinstance(node.value, (int, float))
-                                                and math.isfinite(float(node.value))):
+            if isinstance(node.value, bool) or (
+                isinstance(node.value, (int, float)) and math.isfinite(float(node.value))
+            ):
                 return
         except OverflowError:
             raise ExprError("number too large", col) from None

@@ -64,10 +64,18 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("workers_busy_share", "share", "proc", "workers' main threads producing (not idle on their index queue)"),
     ("fetch_cpu_share", "share", "py-spy+proc", "loop time the main thread computes samples (num_workers=0)"),
     ("fetch_disk_share", "share", "py-spy+proc", "loop time the main thread reads storage inside the DataLoader"),
-    ("fetch_other_wait_share", "share", "py-spy+proc",
-     "loop time the main thread sleeps / reads sockets inside the DataLoader"),
-    ("input_cpu_share", "share", "py-spy+proc",
-     "loop time lost to CPU work of the data pipeline (main thread or workers)"),
+    (
+        "fetch_other_wait_share",
+        "share",
+        "py-spy+proc",
+        "loop time the main thread sleeps / reads sockets inside the DataLoader",
+    ),
+    (
+        "input_cpu_share",
+        "share",
+        "py-spy+proc",
+        "loop time lost to CPU work of the data pipeline (main thread or workers)",
+    ),
     ("storage_wait_share", "share", "py-spy+proc", "loop time lost to storage reads (main thread or workers)"),
     ("storage_wait_async_share", "share", "py-spy+proc", "loop time waiting on workers that wait on storage"),
     ("input_other_wait_share", "share", "py-spy+proc", "loop time lost to data-pipeline sleeps / socket reads"),
@@ -109,14 +117,24 @@ def _stack_features(window: Window, main_pid: int | None) -> Features:
             parts[stacks.data_part(s.frames) or "other"] += s.count
     startup = phases.pop("startup", 0)
     total = sum(phases.values())
-    out: Features = {"stack_samples": float(total),
-                     "startup_share": startup / (startup + total) if startup + total else None}
+    out: Features = {
+        "stack_samples": float(total),
+        "startup_share": startup / (startup + total) if startup + total else None,
+    }
     enough = total >= MIN_STACK_SAMPLES
-    for key, name in (("data", "data_wait_share"), ("forward", "forward_share"), ("backward", "backward_share"),
-                      ("optimizer", "optimizer_share"), ("other", "other_code_share")):
+    for key, name in (
+        ("data", "data_wait_share"),
+        ("forward", "forward_share"),
+        ("backward", "backward_share"),
+        ("optimizer", "optimizer_share"),
+        ("other", "other_code_share"),
+    ):
         out[name] = _share(phases, key, total) if enough else None
-    for key, name in (("queue", "data_wait_queue_share"), ("fetch", "data_wait_fetch_share"),
-                      ("start", "data_wait_start_share")):
+    for key, name in (
+        ("queue", "data_wait_queue_share"),
+        ("fetch", "data_wait_fetch_share"),
+        ("start", "data_wait_start_share"),
+    ):
         out[name] = _share(parts, key, total) if enough else None
     return out
 
@@ -169,16 +187,25 @@ def _attribute_fetch(f: Features) -> Features:
     other = (f.get("main_sleep_share") or 0.0) + (f.get("main_net_share") or 0.0)
     fetch_disk = min(disk, fetch)
     fetch_other = min(other, fetch - fetch_disk)
-    return {"fetch_disk_share": fetch_disk, "fetch_other_wait_share": fetch_other,
-            "fetch_cpu_share": max(0.0, fetch - fetch_disk - fetch_other)}
+    return {
+        "fetch_disk_share": fetch_disk,
+        "fetch_other_wait_share": fetch_other,
+        "fetch_cpu_share": max(0.0, fetch - fetch_disk - fetch_other),
+    }
 
 
 def _combine(f: Features) -> Features:
     queue = f.get("data_wait_queue_share")
-    wrun, wdisk, wother = (f.get("workers_running_fraction"), f.get("workers_disk_fraction"),
-                           f.get("workers_other_wait_fraction"))
-    fetch_cpu, fetch_disk, fetch_other = (f.get("fetch_cpu_share"), f.get("fetch_disk_share"),
-                                          f.get("fetch_other_wait_share"))
+    wrun, wdisk, wother = (
+        f.get("workers_running_fraction"),
+        f.get("workers_disk_fraction"),
+        f.get("workers_other_wait_fraction"),
+    )
+    fetch_cpu, fetch_disk, fetch_other = (
+        f.get("fetch_cpu_share"),
+        f.get("fetch_disk_share"),
+        f.get("fetch_other_wait_share"),
+    )
     out: Features = {}
 
     def via_workers(frac: float | None) -> float | None:
@@ -239,10 +266,8 @@ def _gpu_features(window: Window) -> Features:
         return {"gpu_count": None, "gpu_util_mean": None, "gpu_power_ratio": None, "gpu_mem_ratio": None}
     used = {g.index for g in window.gpus if g.target_pids}
     samples = [g for g in window.gpus if not used or g.index in used]
-    ratios = [g.power_w / g.power_limit_w for g in samples
-              if g.power_w is not None and g.power_limit_w]
-    mems = [g.mem_used_bytes / g.mem_total_bytes for g in samples
-            if g.mem_used_bytes is not None and g.mem_total_bytes]
+    ratios = [g.power_w / g.power_limit_w for g in samples if g.power_w is not None and g.power_limit_w]
+    mems = [g.mem_used_bytes / g.mem_total_bytes for g in samples if g.mem_used_bytes is not None and g.mem_total_bytes]
     return {
         "gpu_count": float(len({g.index for g in samples})),
         "gpu_util_mean": _mean(g.util_pct for g in samples),

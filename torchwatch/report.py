@@ -18,10 +18,18 @@ def _num(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else round(v, 4)
 
 
-def build(analysis: Analysis, statuses: Mapping[str, SourceStatus], *, pid: int, cmdline: Sequence[str],
-          exit_code: int | None, window_s: float, watched_s: float,
-          history: Sequence[tuple[float, str]] = (), own_usage: Mapping[str, float] | None = None
-          ) -> dict[str, Any]:
+def build(
+    analysis: Analysis,
+    statuses: Mapping[str, SourceStatus],
+    *,
+    pid: int,
+    cmdline: Sequence[str],
+    exit_code: int | None,
+    window_s: float,
+    watched_s: float,
+    history: Sequence[tuple[float, str]] = (),
+    own_usage: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
     Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
@@ -85,8 +93,10 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append(f"      evidence: {ev}")
         for fx in f["fixes"]:
             lines.append(f"      fix: {fx['title']}: {fx['detail']}")
-    srcs = "; ".join(f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
-                     for name, st in report["sources"].items())
+    srcs = "; ".join(
+        f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
+        for name, st in report["sources"].items()
+    )
     lines.append(f"sources: {srcs}")
     return "\n".join(lines)
 

@@ -205,12 +205,23 @@ def parse_rule(text: str, path: str) -> Rule:
                 nth = sum(1 for f in fixes_raw[:i] if isinstance(f, dict) and key in f)
                 raise fail(key, str(exc), nth) from None
         title, detail = templates
-        cond = expression("when", fx["when"], 1 + sum(1 for f in fixes_raw[:i] if "when" in f)) \
-            if "when" in fx else None
+        cond = (
+            expression("when", fx["when"], 1 + sum(1 for f in fixes_raw[:i] if "when" in f)) if "when" in fx else None
+        )
         fixes.append(FixTemplate(title, detail, cond))
-    return Rule(id=data["id"], label=data["label"], severity=data["severity"], summary=summary, when=when,
-                measure=measure, hold_s=float(hold), evidence=tuple(evidence), source=data["source"],
-                fixes=tuple(fixes), path=path)
+    return Rule(
+        id=data["id"],
+        label=data["label"],
+        severity=data["severity"],
+        summary=summary,
+        when=when,
+        measure=measure,
+        hold_s=float(hold),
+        evidence=tuple(evidence),
+        source=data["source"],
+        fixes=tuple(fixes),
+        path=path,
+    )
 
 
 def load_file(path: Path) -> Rule:
@@ -232,8 +243,9 @@ def load_dir(directory: Path) -> list[Rule]:
         RuleError: a file is malformed, or two rules share an id.
     """
     if not directory.is_dir():
-        raise UsageError(f"rules directory {directory}: no such directory",
-                         "give --rules (or rules check) an existing directory")
+        raise UsageError(
+            f"rules directory {directory}: no such directory", "give --rules (or rules check) an existing directory"
+        )
     rules = [load_file(p) for p in sorted(directory.glob("*.toml"))]
     _check_unique(rules)
     return rules
@@ -243,8 +255,9 @@ def _check_unique(rules: Iterable[Rule]) -> None:
     seen: dict[str, str] = {}
     for r in rules:
         if r.id in seen:
-            raise RuleError(r.path, _line_of(Path(r.path).read_text(), "id"),
-                            f"rule id {r.id!r} is also used by {seen[r.id]}")
+            raise RuleError(
+                r.path, _line_of(Path(r.path).read_text(), "id"), f"rule id {r.id!r} is also used by {seen[r.id]}"
+            )
         seen[r.id] = r.path
 
 

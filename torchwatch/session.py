@@ -11,9 +11,9 @@ import json
 import resource
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from torchwatch import features as feats
 from torchwatch.diagnosis import Analysis, Diagnoser
@@ -63,8 +63,13 @@ class Session:
         psutil.NoSuchProcess: ``root_pid`` does not exist.
     """
 
-    def __init__(self, root_pid: int, rules: list[Rule], options: SessionOptions | None = None,
-                 on_analysis: Callable[[Analysis], None] | None = None) -> None:
+    def __init__(
+        self,
+        root_pid: int,
+        rules: list[Rule],
+        options: SessionOptions | None = None,
+        on_analysis: Callable[[Analysis], None] | None = None,
+    ) -> None:
         self.options = options or SessionOptions()
         self.tree = ProcessTree(root_pid)
         self.store = Store()
@@ -80,8 +85,9 @@ class Session:
         self._chosen: int | None = None
         opts = self.options
         self.proc = ProcSource(self.tree)
-        self.pyspy = PySpySource(self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate,
-                                 chunk=opts.pyspy_chunk_s)
+        self.pyspy = PySpySource(
+            self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s
+        )
         self.sources: list[Source] = [
             self.proc,
             ThreadStateSource(self.tree, interval=opts.thread_interval_s),
@@ -155,9 +161,13 @@ class Session:
         me = resource.getrusage(resource.RUSAGE_SELF)
         own = me.ru_utime + me.ru_stime
         wall = max(1e-9, (self.ended_at or time.monotonic()) - self.started)
-        return {"torchwatch_cpu_s": round(own, 3), "pyspy_cpu_s": round(self.pyspy.cpu_s, 3),
-                "wall_s": round(wall, 2), "cpu_pct_of_core": round(100 * (own + self.pyspy.cpu_s) / wall, 2),
-                "max_rss_bytes": me.ru_maxrss * 1024}
+        return {
+            "torchwatch_cpu_s": round(own, 3),
+            "pyspy_cpu_s": round(self.pyspy.cpu_s, 3),
+            "wall_s": round(wall, 2),
+            "cpu_pct_of_core": round(100 * (own + self.pyspy.cpu_s) / wall, 2),
+            "max_rss_bytes": me.ru_maxrss * 1024,
+        }
 
     def why_missing(self, feature: str) -> str:
         """Why ``feature`` has no value: the status of its source, or too few samples."""
@@ -181,8 +191,9 @@ class Session:
             try:
                 readings = src.sample(t0)
             except Exception as exc:
-                src.status = SourceStatus.unavailable(f"internal error in {src.name}: {exc!r}",
-                                                      "please report it; other sources keep running")
+                src.status = SourceStatus.unavailable(
+                    f"internal error in {src.name}: {exc!r}", "please report it; other sources keep running"
+                )
                 return
             self.store.add(readings)
             if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
@@ -209,9 +220,13 @@ class Session:
         return analysis
 
     def _trace(self, analysis: Analysis, now: float) -> None:
-        record = {"t": round(now - self.started, 2), "main_pid": self.main_pid,
-                  "verdict": analysis.verdict.to_json(), "findings": [f.rule for f in analysis.findings],
-                  "features": {k: (None if v is None else round(v, 4)) for k, v in analysis.features.items()}}
+        record = {
+            "t": round(now - self.started, 2),
+            "main_pid": self.main_pid,
+            "verdict": analysis.verdict.to_json(),
+            "findings": [f.rule for f in analysis.findings],
+            "features": {k: (None if v is None else round(v, 4)) for k, v in analysis.features.items()},
+        }
         try:
             with open(self.options.trace_path, "a") as f:  # type: ignore[arg-type]
                 f.write(json.dumps(record) + "\n")

@@ -18,8 +18,13 @@ from collections.abc import Sequence
 from torchwatch.readings import Frame
 
 _DATALOADER = "torch/utils/data/dataloader.py"
-_QUEUE_FILES = ("multiprocessing/queues.py", "multiprocessing/connection.py", "/queue.py", "/threading.py",
-                "/selectors.py")
+_QUEUE_FILES = (
+    "multiprocessing/queues.py",
+    "multiprocessing/connection.py",
+    "/queue.py",
+    "/threading.py",
+    "/selectors.py",
+)
 _QUEUE_FUNCS = ("_try_get_data", "_get_data")
 
 
@@ -45,11 +50,14 @@ def data_part(frames: Sequence[Frame]) -> str | None:
         return "queue"
     if any(_in_file(f.filename, "torch/utils/data/_utils/pin_memory.py") for f in inner):
         return "pin"
-    if any(_in_file(f.filename, "torch/utils/data/_utils/fetch.py") or f.name.endswith(("__getitem__",
-           "__getitems__")) for f in inner):
+    if any(
+        _in_file(f.filename, "torch/utils/data/_utils/fetch.py") or f.name.endswith(("__getitem__", "__getitems__"))
+        for f in inner
+    ):
         return "fetch"
-    if any(f.name.endswith(("_get_iterator", "__init__", "_reset")) and _endswith(f.filename, _DATALOADER)
-           for f in inner) or any(_in_file(f.filename, "multiprocessing/") for f in inner):
+    if any(
+        f.name.endswith(("_get_iterator", "__init__", "_reset")) and _endswith(f.filename, _DATALOADER) for f in inner
+    ) or any(_in_file(f.filename, "multiprocessing/") for f in inner):
         return "start"
     if any(_in_file(f.filename, "torch/utils/data/_utils/collate.py") for f in inner):
         return "fetch"

@@ -61,8 +61,9 @@ def check_attachable(pid: int) -> ProcessTree:
     except psutil.NoSuchProcess:
         raise TorchwatchError(f"no process with PID {pid}", "check the PID with: pgrep -af python") from None
     except psutil.AccessDenied:
-        raise TorchwatchError(f"permission denied reading PID {pid}",
-                              "run torchwatch as the process's user, or with sudo") from None
+        raise TorchwatchError(
+            f"permission denied reading PID {pid}", "run torchwatch as the process's user, or with sudo"
+        ) from None
     if status == psutil.STATUS_ZOMBIE:
         raise TorchwatchError(f"{_describe(proc)} has already exited", "start the training again and attach then")
     if os.geteuid() != 0:
@@ -84,8 +85,9 @@ def check_attachable(pid: int) -> ProcessTree:
     except psutil.NoSuchProcess:
         raise TorchwatchError(f"{_describe(proc)} exited while attaching", "start it again") from None
     except psutil.AccessDenied:
-        raise TorchwatchError(f"permission denied reading {_describe(proc)}",
-                              "run torchwatch as the process's user, or with sudo") from None
+        raise TorchwatchError(
+            f"permission denied reading {_describe(proc)}", "run torchwatch as the process's user, or with sudo"
+        ) from None
     if not tree.mains():
         raise TorchwatchError(
             f"{_describe(proc)} is not a Python process and has no Python child",
@@ -110,12 +112,17 @@ def check_command(command: Sequence[str]) -> None:
         if not os.access(program, os.X_OK) or os.path.isdir(program):
             raise TorchwatchError(f"not executable: {program}", f"chmod +x {program}, or run it with python")
     elif shutil.which(program) is None:
-        raise TorchwatchError(f"command not found: {program}",
-                              "check the spelling and PATH, e.g. torchwatch run -- python train.py")
+        raise TorchwatchError(
+            f"command not found: {program}", "check the spelling and PATH, e.g. torchwatch run -- python train.py"
+        )
 
 
-def launch(command: Sequence[str], stdout: IO[bytes] | None = None, stderr: IO[bytes] | int | None = None,
-           stdin: int | None = None) -> subprocess.Popen[bytes]:
+def launch(
+    command: Sequence[str],
+    stdout: IO[bytes] | None = None,
+    stderr: IO[bytes] | int | None = None,
+    stdin: int | None = None,
+) -> subprocess.Popen[bytes]:
     """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
 
     Args:
@@ -140,8 +147,9 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def stop_tree(child: subprocess.Popen[bytes], tree: ProcessTree | None, grace_s: float = 10.0,
-              interrupt: bool = True) -> int:
+def stop_tree(
+    child: subprocess.Popen[bytes], tree: ProcessTree | None, grace_s: float = 10.0, interrupt: bool = True
+) -> int:
     """Stop a launched command: SIGINT, then SIGTERM, then SIGKILL (DESIGN.md ``--duration``).
 
     SIGINT goes to the root and to each training process that catches it (Python does by
@@ -191,4 +199,3 @@ def _wait(child: subprocess.Popen[bytes], seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return child.poll() is not None
-

@@ -51,8 +51,10 @@ def _check_json_path(path: str | None) -> None:
         return
     parent = Path(path).expanduser().resolve().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise TorchwatchError(f"cannot write the JSON report to {path}: {parent} is not a writable directory",
-                              "give --json a path in an existing, writable directory")
+        raise TorchwatchError(
+            f"cannot write the JSON report to {path}: {parent} is not a writable directory",
+            "give --json a path in an existing, writable directory",
+        )
 
 
 def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
@@ -102,8 +104,9 @@ def attach_pid(pid: int, opts: WatchOptions) -> int:
     return 0
 
 
-def _drive(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions,
-           log_path: Path | None) -> int | None:
+def _drive(
+    session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions, log_path: Path | None
+) -> int | None:
     """Watch until the end, write the reports; returns the child's exit status (run) or None."""
     start = time.monotonic()
     code: int | None = None
@@ -129,8 +132,7 @@ def _drive(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchO
     return code
 
 
-def _headless(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions,
-              start: float) -> int | None:
+def _headless(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions, start: float) -> int | None:
     last_label, last_print = None, 0.0
     while True:
         now = time.monotonic()
@@ -158,15 +160,24 @@ def _show_log(path: Path, lines: int = 40) -> None:
         print(f"torchwatch: the training's output ({len(text)} lines) is in {path}", file=sys.stderr)
 
 
-def _write_reports(session: Session, child: subprocess.Popen[bytes] | None, code: int | None,
-                   opts: WatchOptions, watched_s: float) -> None:
+def _write_reports(
+    session: Session, child: subprocess.Popen[bytes] | None, code: int | None, opts: WatchOptions, watched_s: float
+) -> None:
     analysis = session.final()
     pid = child.pid if child is not None else session.tree.root
     node = session.tree.nodes().get(session.main_pid or pid) or session.tree.nodes().get(pid)
     cmdline = [str(a) for a in child.args] if child is not None else list(node.cmdline if node else ())  # type: ignore[union-attr]
-    data = report.build(analysis, session.statuses(), pid=pid, cmdline=cmdline, exit_code=code,
-                        window_s=session.options.window_s, watched_s=watched_s, history=session.history,
-                        own_usage=session.own_usage())
+    data = report.build(
+        analysis,
+        session.statuses(),
+        pid=pid,
+        cmdline=cmdline,
+        exit_code=code,
+        window_s=session.options.window_s,
+        watched_s=watched_s,
+        history=session.history,
+        own_usage=session.own_usage(),
+    )
     text = report.render_text(data)
     if opts.json_path == "-":
         print(text, file=sys.stderr)

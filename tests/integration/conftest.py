@@ -29,11 +29,19 @@ class Watched:
     report: dict[str, Any] | None
 
 
-def torchwatch(*args: str, timeout: float = 120, json_path: Path | None = None,
-               env: dict[str, str] | None = None, **popen: Any) -> Watched:
+def torchwatch(
+    *args: str, timeout: float = 120, json_path: Path | None = None, env: dict[str, str] | None = None, **popen: Any
+) -> Watched:
     """Run ``python -m torchwatch ARGS`` to completion."""
-    proc = subprocess.run([sys.executable, "-m", "torchwatch", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=env, **popen)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchwatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env,
+        **popen,
+    )
     report = json.loads(json_path.read_text()) if json_path and json_path.exists() else None
     return Watched(proc.returncode, proc.stdout, proc.stderr, report)
 
@@ -41,9 +49,22 @@ def torchwatch(*args: str, timeout: float = 120, json_path: Path | None = None,
 def watch_demo(tmp_path: Path, demo: str, *demo_args: str, duration: float = 20.0) -> Watched:
     """``torchwatch run --headless --duration D --json out -- python demo/DEMO.py ARGS``."""
     out = tmp_path / f"{demo}-{int(time.time() * 1000)}.json"
-    return torchwatch("run", "--headless", "--duration", str(duration), "--json", str(out), "--",
-                      sys.executable, str(DEMO / f"{demo}.py"), "--device", "cpu", *demo_args,
-                      json_path=out, timeout=duration + 90)
+    return torchwatch(
+        "run",
+        "--headless",
+        "--duration",
+        str(duration),
+        "--json",
+        str(out),
+        "--",
+        sys.executable,
+        str(DEMO / f"{demo}.py"),
+        "--device",
+        "cpu",
+        *demo_args,
+        json_path=out,
+        timeout=duration + 90,
+    )
 
 
 def python_children_of(pid: int) -> list[int]:

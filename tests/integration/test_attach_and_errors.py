@@ -36,13 +36,18 @@ def _wait_for_steps(proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
 
 
 def test_attach_gives_the_same_label_and_leaves_the_training_running(tmp_path: Path) -> None:
-    demo = subprocess.Popen([sys.executable, str(DEMO / "dataloader_bound.py"), "--seconds", "60",
-                             "--device", "cpu"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    demo = subprocess.Popen(
+        [sys.executable, str(DEMO / "dataloader_bound.py"), "--seconds", "60", "--device", "cpu"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         _wait_for_steps(demo)
         out = tmp_path / "attach.json"
-        result = torchwatch("attach", "--headless", "--duration", "15", "--json", str(out), str(demo.pid),
-                            json_path=out)
+        result = torchwatch(
+            "attach", "--headless", "--duration", "15", "--json", str(out), str(demo.pid), json_path=out
+        )
         assert result.code == 0, result.stderr
         assert result.report is not None
         assert result.report["verdict"]["label"] == "dataloader-bound", result.stdout
@@ -55,8 +60,9 @@ def test_attach_gives_the_same_label_and_leaves_the_training_running(tmp_path: P
 
 def test_report_says_why_nvml_is_unavailable(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    result = torchwatch("run", "--headless", "--json", str(out), "--", sys.executable, "-c",
-                        "import time; time.sleep(2)", json_path=out)
+    result = torchwatch(
+        "run", "--headless", "--json", str(out), "--", sys.executable, "-c", "import time; time.sleep(2)", json_path=out
+    )
     assert result.report is not None, result.stderr
     nvml = result.report["sources"]["nvml"]
     if nvml["status"] == "ok":
@@ -67,8 +73,9 @@ def test_report_says_why_nvml_is_unavailable(tmp_path: Path) -> None:
 
 
 def test_run_passes_output_and_exit_code_through() -> None:
-    result = torchwatch("run", "--headless", "--", sys.executable, "-c",
-                        "import sys; print('hello from the training'); sys.exit(3)")
+    result = torchwatch(
+        "run", "--headless", "--", sys.executable, "-c", "import sys; print('hello from the training'); sys.exit(3)"
+    )
     assert result.code == 3
     assert "hello from the training" in result.stdout
 
@@ -105,8 +112,9 @@ def test_bad_duration_is_a_usage_error(value: str) -> None:
 
 
 def test_malformed_rule_dir_names_file_and_line(tmp_path: Path) -> None:
-    (tmp_path / "bad.toml").write_text('id = "x"\nlabel = "io-bound"\nwhen = "no_such_feature > 1"\n'
-                                       'severity = "info"\nsummary = "s"\nsource = "t"\n')
+    (tmp_path / "bad.toml").write_text(
+        'id = "x"\nlabel = "io-bound"\nwhen = "no_such_feature > 1"\nseverity = "info"\nsummary = "s"\nsource = "t"\n'
+    )
     result = torchwatch("run", "--headless", "--rules", str(tmp_path), "--", sys.executable, "-c", "pass")
     assert result.code == 2
     line = _one_line_error(result.stderr)
@@ -122,8 +130,9 @@ def test_attach_to_another_users_process() -> None:
         time.sleep(0.5)
         # /root is not readable by 'nobody' here, so the unprivileged side is simulated in-process
         # by making torchwatch believe it runs as uid 65534 (see _as_user.py).
-        proc = subprocess.run([sys.executable, str(helper), str(target.pid)], capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run(
+            [sys.executable, str(helper), str(target.pid)], capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 1, proc.stderr
         line = _one_line_error(proc.stderr)
         assert "belongs to user root" in line and "sudo" in line

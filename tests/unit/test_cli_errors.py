@@ -116,21 +116,14 @@ def test_missing_rules_dir(argv: list[str], capsys: pytest.CaptureFixture[str]) 
     assert "/nonexistent" in line and "no such directory" in line
 
 
-def test_bad_rule_file_names_file_and_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_rule_file_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad.toml").write_text(GOOD_RULE.replace('"io-bound"', '"slow"'))
-    assert (
-        main(["run", "--headless", "--rules", str(tmp_path), "--", "definitely-not-a-command-xyz"])
-        == 2
-    )
+    assert main(["run", "--headless", "--rules", str(tmp_path), "--", "definitely-not-a-command-xyz"]) == 2
     line = one_error_line(capsys)
     assert f"{tmp_path / 'bad.toml'}:2" in line and "label must be one of" in line
 
 
-def test_rule_error_hint_names_an_existing_command(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_rule_error_hint_names_an_existing_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "good.toml").write_text(GOOD_RULE)
     assert main(["rules", "check", str(tmp_path)]) == 0
 

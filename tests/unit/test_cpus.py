@@ -65,8 +65,6 @@ def test_quota_caps_affinity_but_not_below_one(monkeypatch: pytest.MonkeyPatch) 
     assert usable_cpus() == max(1.0, affinity)
 
 
-@pytest.mark.parametrize(
-    ("n", "want"), [(1.0, 1), (1.5, 1), (2.0, 1), (2.9, 1), (3.0, 2), (16.0, 15)]
-)
+@pytest.mark.parametrize(("n", "want"), [(1.0, 1), (1.5, 1), (2.0, 1), (2.9, 1), (3.0, 2), (16.0, 15)])
 def test_suggested_workers(n: float, want: int) -> None:
     assert suggested_workers(n) == want

@@ -15,7 +15,6 @@ RULES = {r.id: r for r in load_rules()}
 ENOUGH = {"stack_samples": 100.0, "thread_samples": 50.0}
 
 
-
 def features(**values: float | None) -> Features:
     f: Features = {name: None for name in CATALOGUE}
     f.update(ENOUGH)
@@ -119,9 +118,7 @@ def test_rule_not_applicable_names_missing_input(rule_id: str) -> None:
     for t in (0.0, rule.hold_s + 1):
         a = d.evaluate(features(**values), t)
     assert a.findings == []
-    assert [(n.rule, n.missing, n.why) for n in a.not_applicable] == [
-        (rule_id, missing, f"why {missing}")
-    ]
+    assert [(n.rule, n.missing, n.why) for n in a.not_applicable] == [(rule_id, missing, f"why {missing}")]
 
 
 def test_not_applicable_drops_a_firing_finding() -> None:
@@ -146,9 +143,7 @@ def test_gpu_beats_io() -> None:
 
 
 def test_io_beats_dataloader() -> None:
-    a = settle(
-        features(storage_wait_share=0.3, fetch_cpu_share=0.6, worker_count=0.0, usable_cpus=4.0)
-    )
+    a = settle(features(storage_wait_share=0.3, fetch_cpu_share=0.6, worker_count=0.0, usable_cpus=4.0))
     assert {"storage-wait", "loader-cpu-in-main-thread"} <= ids(a)
     assert a.verdict.label == "io-bound"
     assert 0.05 <= a.verdict.confidence < 1.0
@@ -193,8 +188,7 @@ def test_info_findings_never_decide() -> None:
     assert ids(a) == {"gpu-memory-pressure"}
     assert a.verdict.label == "undetermined"
     info_only = parse_rule(
-        'id = "i"\nlabel = "cpu-bound"\nseverity = "info"\nsummary = "s"\n'
-        'when = "stack_samples >= 0"\nsource = "t"\n',
+        'id = "i"\nlabel = "cpu-bound"\nseverity = "info"\nsummary = "s"\nwhen = "stack_samples >= 0"\nsource = "t"\n',
         "i.toml",
     )
     assert settle(features(), [info_only]).verdict.label == "undetermined"
@@ -292,8 +286,7 @@ def test_workers_waiting_on_storage_decide_even_beside_loop_cpu() -> None:
     """Waiting on workers that wait on disk limits throughput whatever the loop's own CPU work."""
     rule = RULES["storage-wait"]
     d = Diagnoser([rule])
-    values = {"storage_wait_share": 0.3, "storage_wait_async_share": 0.3, "main_disk_share": 0.0,
-              "loop_cpu_share": 0.7}
+    values = {"storage_wait_share": 0.3, "storage_wait_async_share": 0.3, "main_disk_share": 0.0, "loop_cpu_share": 0.7}
     d.evaluate(features(**values), 0.0)
     assert ids(d.evaluate(features(**values), rule.hold_s + 1)) == {"storage-wait"}
 

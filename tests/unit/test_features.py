@@ -45,9 +45,7 @@ FORWARD = (
 STARTUP = (MOD, Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176))
 
 
-def stack(
-    frames: tuple[Frame, ...], count: int, pid: int = MAIN, tid: int | None = None
-) -> StackSample:
+def stack(frames: tuple[Frame, ...], count: int, pid: int = MAIN, tid: int | None = None) -> StackSample:
     tid = pid if tid is None else tid
     return StackSample(
         t=5.0,
@@ -184,9 +182,7 @@ def test_startup_is_left_out_of_the_loop() -> None:
 
 
 def test_other_processes_and_threads_are_not_the_loop() -> None:
-    w = window(
-        stacks=[stack(FORWARD, 30), stack(FETCH, 30, pid=2000), stack(FETCH, 30, tid=MAIN + 7)]
-    )
+    w = window(stacks=[stack(FORWARD, 30), stack(FETCH, 30, pid=2000), stack(FETCH, 30, tid=MAIN + 7)])
     f = compute(w, MAIN)
     assert f["stack_samples"] == 30.0 and f["forward_share"] == 1.0 and f["data_wait_share"] == 0.0
 
@@ -206,9 +202,7 @@ def test_nw0_main_thread_in_disk_wait_is_storage() -> None:
 
 
 def test_nw0_main_thread_running_is_fetch_cpu() -> None:
-    w = window(
-        stacks=[stack(FETCH, 80), stack(FORWARD, 20)], threads=threads(MAIN, Role.MAIN, RUNNING=100)
-    )
+    w = window(stacks=[stack(FETCH, 80), stack(FORWARD, 20)], threads=threads(MAIN, Role.MAIN, RUNNING=100))
     f = compute(w, MAIN)
     assert f["fetch_cpu_share"] == pytest.approx(0.8)
     assert f["input_cpu_share"] == pytest.approx(0.8)

@@ -48,9 +48,7 @@ ARM = "aarch64"
         ("S", "230 0x1", None, ARM, Wait.OTHER),  # 230 is not a sleep on aarch64
     ],
 )
-def test_classify_wait(
-    state: str, syscall: str | None, fd: str | None, arch: str, want: Wait
-) -> None:
+def test_classify_wait(state: str, syscall: str | None, fd: str | None, arch: str, want: Wait) -> None:
     assert classify_wait(state, syscall, fd, arch=arch) is want
 
 

@@ -22,13 +22,10 @@ SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").rea
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 STATUSES = {
     "psutil": SourceStatus.ok(),
-    "nvml": SourceStatus.unavailable(
-        "NVML library not found (no NVIDIA driver)", "ignore on a CPU-only machine"
-    ),
+    "nvml": SourceStatus.unavailable("NVML library not found (no NVIDIA driver)", "ignore on a CPU-only machine"),
     "py-spy": SourceStatus.gone(),
     "hook": SourceStatus(Status.STARTING),
 }
-
 
 
 def features(**values: float | None) -> Features:
@@ -130,9 +127,7 @@ def test_undetermined_report_validates() -> None:
         (("findings", 0, "fixes", 0, "title"), 3),
     ],
 )
-def test_schema_rejects_contract_breaches(
-    busy: dict[str, Any], path: tuple[Any, ...], bad: Any
-) -> None:
+def test_schema_rejects_contract_breaches(busy: dict[str, Any], path: tuple[Any, ...], bad: Any) -> None:
     data = copy.deepcopy(busy)
     node = data
     for key in path[:-1]:
@@ -142,9 +137,7 @@ def test_schema_rejects_contract_breaches(
         VALIDATOR.validate(data)
 
 
-@pytest.mark.parametrize(
-    "key", ["schema", "target", "window", "verdict", "findings", "sources", "features"]
-)
+@pytest.mark.parametrize("key", ["schema", "target", "window", "verdict", "findings", "sources", "features"])
 def test_schema_requires_contract_keys(busy: dict[str, Any], key: str) -> None:
     data = copy.deepcopy(busy)
     del data[key]

@@ -73,9 +73,7 @@ def test_parse_valid_rule() -> None:
 
 def test_optional_keys_default() -> None:
     text = "\n".join(
-        ln
-        for ln in VALID.split("[[fixes]]")[0].splitlines()
-        if not ln.startswith(("for", "measure", "evidence"))
+        ln for ln in VALID.split("[[fixes]]")[0].splitlines() if not ln.startswith(("for", "measure", "evidence"))
     )
     r = parse_rule(text, PATH)
     assert (r.hold_s, r.measure, r.evidence, r.fixes) == (0.0, None, (), ())
@@ -143,9 +141,7 @@ def test_rule_error_one_line_is_single_line_even_for_multiline_path() -> None:
 
 
 def test_fill_formats_and_marks_missing() -> None:
-    text = (
-        "{storage_wait_share:.0%} of the loop, {worker_count:.0f} workers, try {suggested_workers}"
-    )
+    text = "{storage_wait_share:.0%} of the loop, {worker_count:.0f} workers, try {suggested_workers}"
     assert (
         fill(text, {"storage_wait_share": 0.456, "worker_count": None, "suggested_workers": 3})
         == "46% of the loop, n/a workers, try 3"
@@ -197,9 +193,7 @@ def test_extra_dir_overrides_same_id(tmp_path: Path) -> None:
     merged = {r.id: r for r in load_rules([tmp_path])}
     assert len(merged) == len(builtin) + 1
     assert merged["storage-wait"].path == str(tmp_path / "mine.toml")
-    assert (
-        merged["storage-wait"].label == "io-bound" and merged["storage-wait"].severity == "warning"
-    )
+    assert merged["storage-wait"].label == "io-bound" and merged["storage-wait"].severity == "warning"
     assert merged["brand-new"].path == str(tmp_path / "new.toml")
 
 

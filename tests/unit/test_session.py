@@ -17,8 +17,7 @@ def session() -> Session:
     return Session(os.getpid(), load_rules(), SessionOptions(nvml=False))
 
 
-def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
+def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session.tree, "mains", lambda: [100, 200])
     session.proc.cpu_pct = {100: 1.0, 200: 95.0}  # a wrapper waiting on the real training
     assert session.main_pid == 200
@@ -36,8 +35,9 @@ def test_no_main_yet(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_missing_feature_blames_its_unavailable_source(session: Session) -> None:
     session.pyspy.status = SourceStatus.unavailable("py-spy may not read process 1: permission denied", "sudo")
-    assert session.why_missing("data_wait_share") == "py-spy unavailable: py-spy may not read process 1: " \
-        "permission denied"
+    assert (
+        session.why_missing("data_wait_share") == "py-spy unavailable: py-spy may not read process 1: permission denied"
+    )
     assert session.why_missing("main_disk_share").startswith("not enough samples")
 
 

@@ -19,9 +19,7 @@ DL = f"{SITE}/utils/data/dataloader.py"
 
 def load(name: str, main_pid: int) -> list[StackSample]:
     text = (FIXTURES / name).read_text()
-    return parse_raw(
-        text, 12.5, main_pid, lambda pid: Role.MAIN if pid == main_pid else Role.WORKER
-    )
+    return parse_raw(text, 12.5, main_pid, lambda pid: Role.MAIN if pid == main_pid else Role.WORKER)
 
 
 def counts_by(samples: list[StackSample], key: object) -> Counter[str]:
@@ -90,9 +88,7 @@ def test_nw2_main_process_waits_on_the_queue() -> None:
     main = [s for s in samples if s.pid == 4236 and s.is_main_thread]
     phases = counts_by(main, lambda s: stacks.phase(s.frames))
     assert phases == Counter({"data": 31, "forward": 8, "backward": 5, "optimizer": 2, "other": 3})
-    parts = counts_by(
-        [s for s in main if stacks.phase(s.frames) == "data"], lambda s: stacks.data_part(s.frames)
-    )
+    parts = counts_by([s for s in main if stacks.phase(s.frames) == "data"], lambda s: stacks.data_part(s.frames))
     assert parts["queue"] == 29
     assert parts.most_common(1)[0][0] == "queue"
     assert "fetch" not in parts  # the dataset runs in the workers, not in the main process
@@ -152,10 +148,7 @@ def test_optimizer_step() -> None:
 
 
 def test_zero_grad_is_optimizer() -> None:
-    assert (
-        stacks.phase((MOD, Frame("Module.zero_grad", f"{SITE}/nn/modules/module.py", 2)))
-        == "optimizer"
-    )
+    assert stacks.phase((MOD, Frame("Module.zero_grad", f"{SITE}/nn/modules/module.py", 2))) == "optimizer"
 
 
 def test_backward_inside_optimizer_closure_is_backward() -> None:

@@ -37,10 +37,12 @@ class FakeSession:
     last_alive: Analysis | None = None
     target_gone: bool = False
     tree: _Tree = field(default_factory=_Tree)
-    sources: dict[str, SourceStatus] = field(default_factory=lambda: {
-        "psutil": SourceStatus.ok(),
-        "nvml": SourceStatus.unavailable("NVML library not found (no NVIDIA driver)", "install the driver"),
-    })
+    sources: dict[str, SourceStatus] = field(
+        default_factory=lambda: {
+            "psutil": SourceStatus.ok(),
+            "nvml": SourceStatus.unavailable("NVML library not found (no NVIDIA driver)", "install the driver"),
+        }
+    )
 
     def statuses(self) -> dict[str, SourceStatus]:
         return self.sources

@@ -255,8 +255,16 @@ class ProcSource:
                 write_rate = (wbytes - prev[3]) / dt
         self._prev[node.pid] = (now, cpu_s, rbytes, wbytes, node.create_time)
         return ProcessSample(
-            t=now, pid=node.pid, ppid=node.ppid, role=node.role, name=node.name, cmdline=node.cmdline,
-            cpu_pct=cpu_pct, rss_bytes=rss, read_bytes_per_s=read_rate, write_bytes_per_s=write_rate,
+            t=now,
+            pid=node.pid,
+            ppid=node.ppid,
+            role=node.role,
+            name=node.name,
+            cmdline=node.cmdline,
+            cpu_pct=cpu_pct,
+            rss_bytes=rss,
+            read_bytes_per_s=read_rate,
+            write_bytes_per_s=write_rate,
             num_threads=nthreads,
         )
 
@@ -298,8 +306,9 @@ _SYSCALLS: dict[str, tuple[frozenset[int], frozenset[int], frozenset[int], froze
 }
 
 
-def classify_wait(state: str, syscall_line: str | None, fd_target: str | None = None,
-                  arch: str = platform.machine()) -> Wait:
+def classify_wait(
+    state: str, syscall_line: str | None, fd_target: str | None = None, arch: str = platform.machine()
+) -> Wait:
     """Why a thread is (not) running, from its state letter and ``/proc/.../syscall`` line.
 
     Args:
@@ -406,7 +415,12 @@ class ThreadStateSource:
                     except (OSError, ValueError):
                         fd_target = None
         return ThreadSample(
-            t=now, pid=pid, tid=tid, role=role, is_main_thread=(pid == tid), state=state,
+            t=now,
+            pid=pid,
+            tid=tid,
+            role=role,
+            is_main_thread=(pid == tid),
+            state=state,
             wait=classify_wait(state, syscall, fd_target),
         )
 

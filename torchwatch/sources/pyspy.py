@@ -26,7 +26,7 @@ from torchwatch.readings import Frame, Role, SourceStatus, StackSample, Status
 
 _FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
-_PROCESS_RE = re.compile(r'^process (?P<pid>\d+):')
+_PROCESS_RE = re.compile(r"^process (?P<pid>\d+):")
 
 
 def find_pyspy() -> str | None:
@@ -74,10 +74,18 @@ def parse_raw(text: str, t: float, main_pid: int, role_of: Callable[[int], Role]
                 frames.append(Frame(m.group("name"), m.group("file"), int(m.group("line"))))
         if tid is None:
             continue
-        out.append(StackSample(
-            t=t, pid=pid, tid=tid, thread_name=thread_name, role=role_of(pid),
-            is_main_thread=(tid == pid), frames=tuple(frames), count=int(count_text),
-        ))
+        out.append(
+            StackSample(
+                t=t,
+                pid=pid,
+                tid=tid,
+                thread_name=thread_name,
+                role=role_of(pid),
+                is_main_thread=(tid == pid),
+                frames=tuple(frames),
+                count=int(count_text),
+            )
+        )
     return out
 
 
@@ -120,9 +128,15 @@ class PySpySource:
 
     name = "py-spy"
 
-    def __init__(self, main_pid: Callable[[], int | None], role_of: Callable[[int], Role],
-                 alive: Callable[[], bool], rate: int = 20, chunk: float = 3.0,
-                 binary: str | None = None) -> None:
+    def __init__(
+        self,
+        main_pid: Callable[[], int | None],
+        role_of: Callable[[int], Role],
+        alive: Callable[[], bool],
+        rate: int = 20,
+        chunk: float = 3.0,
+        binary: str | None = None,
+    ) -> None:
         self.main_pid = main_pid
         self.role_of = role_of
         self.alive = alive
@@ -130,8 +144,11 @@ class PySpySource:
         self.chunk = chunk
         self.interval = 0.0  # back to back: each call blocks for one chunk
         self.binary = binary or find_pyspy()
-        self.status = SourceStatus(Status.STARTING) if self.binary else SourceStatus.unavailable(
-            "py-spy not found", "pip install py-spy (it ships the binary)")
+        self.status = (
+            SourceStatus(Status.STARTING)
+            if self.binary
+            else SourceStatus.unavailable("py-spy not found", "pip install py-spy (it ships the binary)")
+        )
         self._proc: subprocess.Popen[bytes] | None = None
         self._first = True
         self._failures = 0
@@ -150,12 +167,28 @@ class PySpySource:
         seconds = self.chunk / 2 if self._first else self.chunk
         with tempfile.TemporaryDirectory(prefix="torchwatch-pyspy-") as tmp:
             out_path = Path(tmp) / "raw.txt"
-            cmd = [self.binary, "record", "--nonblocking", "--idle", "--threads", "--full-filenames",
-                   "--format", "raw", "--rate", str(self.rate), "--duration", str(max(1, round(seconds))),
-                   "--pid", str(pid), "--output", str(out_path)]
+            cmd = [
+                self.binary,
+                "record",
+                "--nonblocking",
+                "--idle",
+                "--threads",
+                "--full-filenames",
+                "--format",
+                "raw",
+                "--rate",
+                str(self.rate),
+                "--duration",
+                str(max(1, round(seconds))),
+                "--pid",
+                str(pid),
+                "--output",
+                str(out_path),
+            ]
             try:
-                proc = self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                     stderr=subprocess.PIPE)
+                proc = self._proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                )
             except OSError as exc:
                 self._proc = None
                 self.status = SourceStatus.unavailable(f"cannot run py-spy: {exc}", "pip install py-spy")

@@ -66,8 +66,9 @@ class WatchApp(App[None]):
     TITLE = "torchwatch"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit (stops a launched training)")]
 
-    def __init__(self, session: Session, child: subprocess.Popen[bytes] | None = None,
-                 duration: float | None = None) -> None:
+    def __init__(
+        self, session: Session, child: subprocess.Popen[bytes] | None = None, duration: float | None = None
+    ) -> None:
         super().__init__()
         self.session = session
         self.child = child
@@ -103,6 +104,7 @@ class WatchApp(App[None]):
         panel.set_classes(analysis.verdict.label if analysis else "")
         self.query_one("#findings-body", Static).update(findings_text(analysis))
         self.query_one("#sources", Static).update(
-            "  ".join(status_text(n, s) for n, s in self.session.statuses().items()))
+            "  ".join(status_text(n, s) for n, s in self.session.statuses().items())
+        )
         if self.duration is not None and time.monotonic() - self._start >= self.duration:
             self.exit()
