@@ -54,7 +54,8 @@ def build(
     }
 
 
-def _fmt(name: str, value: float | None) -> str:
+def format_value(name: str, value: float | None) -> str:
+    """A feature value with its unit for people: ``62%``, ``1.5 MB/s``, ``n/a``."""
     if value is None:
         return "n/a"
     unit = CATALOGUE[name].unit if name in CATALOGUE else ""
@@ -89,7 +90,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("findings:")
     for f in report["findings"]:
         lines.append(f"  [{f['severity']}] {f['rule']} -> {f['label']}: {f['summary']}")
-        ev = ", ".join(f"{k}={_fmt(k, v)}" for k, v in f["evidence"].items())
+        ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f["evidence"].items())
         lines.append(f"      evidence: {ev}")
         for fx in f["fixes"]:
             lines.append(f"      fix: {fx['title']}: {fx['detail']}")
@@ -108,11 +109,11 @@ def status_line(analysis: Analysis | None, elapsed_s: float) -> str:
     f, v = analysis.features, analysis.verdict
     parts = [
         f"torchwatch [{elapsed_s:4.0f}s] {v.label} ({v.confidence:.2f})",
-        f"data wait {_fmt('data_wait_share', f.get('data_wait_share'))}",
-        f"loop CPU {_fmt('main_running_share', f.get('main_running_share'))}",
-        f"disk wait {_fmt('storage_wait_share', f.get('storage_wait_share'))}",
-        f"workers {_fmt('worker_count', f.get('worker_count'))}",
-        f"GPU {_fmt('gpu_util_mean', f.get('gpu_util_mean'))}",
+        f"data wait {format_value('data_wait_share', f.get('data_wait_share'))}",
+        f"loop CPU {format_value('main_running_share', f.get('main_running_share'))}",
+        f"disk wait {format_value('storage_wait_share', f.get('storage_wait_share'))}",
+        f"workers {format_value('worker_count', f.get('worker_count'))}",
+        f"GPU {format_value('gpu_util_mean', f.get('gpu_util_mean'))}",
     ]
     return " | ".join(parts)
 

@@ -17,7 +17,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Static
 
 from torchwatch.diagnosis import Analysis
-from torchwatch.report import status_text
+from torchwatch.report import format_value, status_text
 from torchwatch.session import Session
 
 
@@ -45,7 +45,7 @@ def findings_text(analysis: Analysis | None) -> Text:
     for f in analysis.findings:
         text.append(f"[{f.severity}] {f.rule} → {f.label}\n", style="bold")
         text.append(f"  {f.summary}\n")
-        ev = ", ".join(f"{k}={'n/a' if v is None else round(v, 3)}" for k, v in f.evidence.items())
+        ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items())
         text.append(f"  evidence: {ev}\n", style="dim")
         for fx in f.fixes:
             text.append(f"  fix: {fx.title}: ", style="green")
