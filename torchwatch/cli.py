@@ -20,6 +20,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line with a hint, exit 2."""
 
     def error(self, message: str) -> NoReturn:
+        """Raise a one-line :class:`UsageError` (exit 2) instead of printing usage."""
         raise UsageError(message, f"see: {self.prog} --help")
 
 

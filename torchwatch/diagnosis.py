@@ -36,6 +36,7 @@ class Fix:
     detail: str
 
     def to_json(self) -> dict[str, str]:
+        """The fix as ``{"title", "detail"}``."""
         return {"title": self.title, "detail": self.detail}
 
 
@@ -53,6 +54,7 @@ class Finding:
     source: str
 
     def to_json(self) -> dict[str, Any]:
+        """The finding as in the report contract (evidence rounded to 4 digits)."""
         return {
             "rule": self.rule,
             "label": self.label,
@@ -73,6 +75,7 @@ class NotApplicable:
     why: str
 
     def to_json(self) -> dict[str, str]:
+        """``{"rule", "missing", "why"}``."""
         return {"rule": self.rule, "missing": self.missing, "why": self.why}
 
 
@@ -85,6 +88,7 @@ class Verdict:
     summary: str
 
     def to_json(self) -> dict[str, Any]:
+        """``{"label", "confidence", "summary"}`` (confidence rounded to 2 digits)."""
         return {"label": self.label, "confidence": round(self.confidence, 2), "summary": self.summary}
 
 

@@ -38,17 +38,21 @@ class SourceStatus:
 
     @classmethod
     def ok(cls) -> SourceStatus:
+        """A working source."""
         return cls(Status.OK)
 
     @classmethod
     def unavailable(cls, reason: str, hint: str | None = None) -> SourceStatus:
+        """A source that cannot read: why, and what would fix it."""
         return cls(Status.UNAVAILABLE, reason, hint)
 
     @classmethod
     def gone(cls, reason: str = "the target process exited") -> SourceStatus:
+        """The target exited."""
         return cls(Status.GONE, reason)
 
     def to_json(self) -> dict[str, Any]:
+        """``{"status", "reason"?, "hint"?}`` for the report."""
         out: dict[str, Any] = {"status": self.status.value}
         if self.reason:
             out["reason"] = self.reason

@@ -36,9 +36,11 @@ class WatchOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
+        """Options from the parsed ``run`` / ``attach`` arguments."""
         return cls(args.headless, args.duration, args.json, list(args.rules), args.window, args.trace)
 
     def session_options(self) -> SessionOptions:
+        """The :class:`SessionOptions` these options ask for."""
         return SessionOptions(window_s=self.window, trace_path=self.trace)
 
 

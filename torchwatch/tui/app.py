@@ -76,6 +76,7 @@ class WatchApp(App[None]):
         self._start = time.monotonic()
 
     def compose(self) -> ComposeResult:
+        """Verdict panel, scrollable findings, source statuses, key footer."""
         yield Header()
         yield Static(id="verdict")
         with VerticalScroll(id="findings"):
@@ -84,6 +85,7 @@ class WatchApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        """Show the command, draw once, then redraw every second."""
         self.sub_title = " ".join(self.child.args) if self.child is not None else f"PID {self.session.tree.root}"  # type: ignore[arg-type]
         self.refresh_view()
         self.set_interval(1.0, self.refresh_view)
