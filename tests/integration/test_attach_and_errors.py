@@ -140,3 +140,45 @@ def test_attach_to_another_users_process() -> None:
     finally:
         target.kill()
         target.wait()
+
+
+def test_ctrl_c_stops_the_training_too_and_still_reports() -> None:
+    """A terminal's Ctrl-C sends SIGINT to the foreground process group: torchwatch and the training."""
+    import signal
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchwatch",
+            "run",
+            "--headless",
+            "--",
+            sys.executable,
+            str(DEMO / "cpu_bound.py"),
+            "--seconds",
+            "120",
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(8)
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert tree, "the training should be running under torchwatch"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode in (0, 130), err[-2000:]
+    assert "Traceback" not in err
+    assert "verdict:" in out
+    time.sleep(0.5)
+    assert not [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
