@@ -109,7 +109,14 @@ class ProcessSample:
 
 @dataclass(frozen=True)
 class ThreadSample:
-    """State of one thread at time ``t`` (``/proc/PID/task/TID/{stat,syscall}``)."""
+    """State of one thread at time ``t`` (``/proc/PID/task/TID/{stat,syscall}``).
+
+    Attributes:
+        cpu_s / sys_s: the thread's cumulative CPU time (user + system) and system time, s,
+            from ``utime`` and ``stime``; ``None`` when unreadable.
+        runq_s: cumulative time the thread was ready to run but waited for a CPU, s
+            (``/proc/PID/task/TID/schedstat``, second field); read for main threads only.
+    """
 
     t: float
     pid: int
@@ -118,6 +125,9 @@ class ThreadSample:
     is_main_thread: bool
     state: str  # one letter from /proc stat: R, S, D, T, Z, I, ...
     wait: Wait
+    cpu_s: float | None = None
+    sys_s: float | None = None
+    runq_s: float | None = None
 
 
 @dataclass(frozen=True)

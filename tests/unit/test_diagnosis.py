@@ -44,6 +44,22 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"fetch_cpu_share": 0.25, "loop_cpu_share": 0.75},
         "fetch_cpu_share",
     ),
+    "loader-cpu-contention": (
+        {
+            "worker_count": 2.0,
+            "tree_cpu_saturation": 0.95,
+            "workers_cpu_fraction": 0.55,
+            "workers_running_fraction": 0.9,
+        },
+        # CPUs to spare: the workers take nothing from the loop
+        {
+            "worker_count": 2.0,
+            "tree_cpu_saturation": 0.5,
+            "workers_cpu_fraction": 0.55,
+            "workers_running_fraction": 0.9,
+        },
+        "tree_cpu_saturation",
+    ),
     "loader-cpu-in-workers": (
         {"worker_count": 2.0, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.9},
         {"worker_count": 2.0, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.1},

@@ -310,3 +310,55 @@ def test_no_gpu_samples_give_none() -> None:
     f = compute(window(stacks=[stack(FORWARD, 100)]), MAIN)
     for name in ("gpu_count", "gpu_util_mean", "gpu_power_ratio", "gpu_mem_ratio"):
         assert f[name] is None, name
+
+
+def with_sys(samples: list[ThreadSample], sys_share: float) -> list[ThreadSample]:
+    """The same samples with a cumulative system time growing at ``sys_share`` of wall time."""
+    from dataclasses import replace
+
+    return [replace(s, cpu_s=s.t, sys_s=s.t * sys_share) for s in samples]
+
+
+def test_kernel_time_of_reads_counts_as_storage_up_to_the_disk_wait() -> None:
+    """O_DIRECT reads show R for their kernel part: that part moves from CPU to storage."""
+    samples = with_sys(threads(MAIN, Role.MAIN, DISK=30, RUNNING=70), sys_share=0.45)
+    f = compute(Window(0.0, 10.0, threads=samples), MAIN)
+    assert f["main_sys_share"] == pytest.approx(0.45, abs=0.01)
+    assert f["main_disk_share"] == pytest.approx(0.30 + 0.30, abs=0.01)  # capped at the disk wait
+    assert f["main_running_share"] == pytest.approx(0.70 - 0.30, abs=0.01)
+
+
+def test_system_time_without_disk_wait_stays_cpu() -> None:
+    """Page faults of fresh allocations are system time too: with no disk wait, nothing moves."""
+    samples = with_sys(threads(MAIN, Role.MAIN, RUNNING=100), sys_share=0.4)
+    f = compute(Window(0.0, 10.0, threads=samples), MAIN)
+    assert f["main_disk_share"] == 0.0
+    assert f["main_running_share"] == 1.0
+
+
+def test_worker_kernel_read_time_shifts_the_workers_disk_fraction() -> None:
+    worker = with_sys(threads(WORKERS[0], Role.WORKER, DISK=50, RUNNING=50), sys_share=0.4)
+    f = compute(Window(0.0, 10.0, threads=worker), MAIN)
+    assert f["workers_disk_fraction"] == pytest.approx(0.9, abs=0.01)
+    assert f["workers_running_fraction"] == pytest.approx(0.1, abs=0.01)
+
+
+def test_cpu_budget_features() -> None:
+    procs = [proc(MAIN, Role.MAIN, t, 90.0) for t in (1.0, 2.0)] + [
+        proc(WORKERS[0], Role.WORKER, t, 105.0) for t in (1.0, 2.0)
+    ]
+    system = [SystemSample(t=2.0, cpu_pct=98.0, io_some_pct=None, usable_cpus=2.0)]
+    f = compute(Window(0.0, 3.0, processes=procs, system=system), MAIN)
+    assert f["tree_cpu_saturation"] == pytest.approx(195 / 200)
+    assert f["workers_cpu_fraction"] == pytest.approx(105 / 195)
+
+
+def test_run_queue_wait_of_the_loop() -> None:
+    from dataclasses import replace
+
+    samples = [replace(s, runq_s=s.t * 0.3) for s in threads(MAIN, Role.MAIN, RUNNING=100)]
+    f = compute(Window(0.0, 10.0, threads=samples), MAIN)
+    assert f["main_runqueue_share"] == pytest.approx(0.3, abs=0.01)
+    assert (
+        compute(Window(0.0, 10.0, threads=threads(MAIN, Role.MAIN, RUNNING=100)), MAIN)["main_runqueue_share"] is None
+    )

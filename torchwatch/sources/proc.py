@@ -289,6 +289,8 @@ class ProcSource:
         """Nothing to release."""
 
 
+_CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
+
 # Syscall numbers per architecture: (read family, socket receive, timer sleep, wait on others).
 _SYSCALLS: dict[str, tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]] = {
     "x86_64": (
@@ -392,8 +394,16 @@ class ThreadStateSource:
                 stat = f.read()
         except OSError:
             return None
-        # comm may hold spaces and parens: the state follows the last ')'.
-        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode() or "?"
+        # comm may hold spaces and parens: the fields after the last ')' start with the state
+        # (field 3); utime and stime are fields 14 and 15, in clock ticks.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        state = fields[0].decode() if fields else "?"
+        try:
+            utime, stime = int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
+            cpu_s: float | None = utime + stime
+            sys_s: float | None = stime
+        except (IndexError, ValueError):
+            cpu_s = sys_s = None
         syscall = fd_target = None
         if state not in ("R", "D") and not self._syscall_denied:
             try:
@@ -414,6 +424,13 @@ class ThreadStateSource:
                         fd_target = os.readlink(f"/proc/{pid}/fd/{int(parts[1], 16)}")
                     except (OSError, ValueError):
                         fd_target = None
+        runq_s = None
+        if pid == tid:  # the threads the features read: the loop and each worker's main thread
+            try:
+                with open(f"{base}/schedstat", "rb") as f:
+                    runq_s = int(f.read().split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):
+                runq_s = None
         return ThreadSample(
             t=now,
             pid=pid,
@@ -422,6 +439,9 @@ class ThreadStateSource:
             is_main_thread=(pid == tid),
             state=state,
             wait=classify_wait(state, syscall, fd_target),
+            cpu_s=cpu_s,
+            sys_s=sys_s,
+            runq_s=runq_s,
         )
 
     def close(self) -> None:
