@@ -1,0 +1,87 @@
+"""Scenario sequential_reads (expected label: io-bound).
+
+Bottleneck: each sample is one large contiguous 2 MiB O_DIRECT read (no page
+cache) from a 1 GiB random-bytes file, samples walked in file order so the reads
+are sequential, in Dataset.__getitem__ with num_workers=0: the main thread sits
+in uninterruptible disk wait (state D) for most of each step.  The model on top
+(a strided mean-pool of the bytes into an MLP) is small.  Falls back to
+fadvise(DONTNEED) + buffered reads where O_DIRECT is refused.
+
+Data file: $TORCHWATCH_DEMO_DIR (else $TMPDIR/torchwatch-demo)/scn_sequential.bin,
+created once.
+
+--relieve: the first 64 MiB of the file (32 samples) are read once up front into
+RAM and __getitem__ returns slices of it: the same bytes per sample, no disk wait
+in the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _scenario as sc
+
+EXPECTED = "io-bound"
+NAME = "sequential_reads"
+FILE_SIZE, SAMPLE, BATCH, CACHED = 1 << 30, 2 << 20, 4, 32
+N_SAMPLES = FILE_SIZE // SAMPLE
+FEAT = 1024
+
+
+class Chunks(Dataset[torch.Tensor]):
+    def __init__(self, path: str, relieve: bool) -> None:
+        self.reader = sc.DirectReader(path, SAMPLE, NAME)
+        self.ram = (
+            torch.stack(
+                [torch.frombuffer(self.reader.read([i * SAMPLE], SAMPLE), dtype=torch.uint8) for i in range(CACHED)]
+            )
+            if relieve
+            else None
+        )
+
+    def __len__(self) -> int:
+        return N_SAMPLES
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.ram is not None:
+            return self.ram[i % CACHED]
+        return torch.frombuffer(self.reader.read([i * SAMPLE], SAMPLE), dtype=torch.uint8)
+
+
+def main() -> None:
+    args = sc.parse_args(NAME, __doc__)
+    sc.seed()
+    device = torch.device(args.device)
+    with sc.Run(NAME, device) as run:
+        loader = DataLoader(
+            Chunks(sc.data_file("scn_sequential.bin", FILE_SIZE, NAME), args.relieve),
+            batch_size=BATCH,
+            shuffle=False,  # sequential through the file
+            drop_last=True,
+            num_workers=0,
+        )
+        model = nn.Sequential(nn.Linear(FEAT, 128), nn.ReLU(), nn.Linear(128, 2)).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step(batch: torch.Tensor) -> torch.Tensor:
+            raw = sc.to_device(batch, device)  # (BATCH, SAMPLE) uint8
+            x = raw[:, :: SAMPLE // (FEAT * 16)].view(BATCH, FEAT, 16).float().mean(-1) / 255.0
+            y = (x[:, :64].mean(1) > 0.5).long()
+            loss = F.cross_entropy(model((x - 0.5) * 10), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            return loss.detach()
+
+        run.train(loader, step, args.seconds)
+
+
+if __name__ == "__main__":
+    main()
