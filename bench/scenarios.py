@@ -76,9 +76,13 @@ def expected_of(path: Path) -> str:
     """The module-level ``EXPECTED = "..."`` of a scenario file (read with ast, not imported)."""
     tree = ast.parse(path.read_text(), str(path))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EXPECTED" for t in node.targets):
-            if isinstance(node.value, ast.Constant) and node.value.value in LABELS:
-                return str(node.value.value)
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "EXPECTED" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value in LABELS
+        ):
+            return str(node.value.value)
     raise SystemExit(f"scenarios.py: error: {path} has no EXPECTED = '<label>' constant")
 
 
@@ -206,7 +210,7 @@ def main() -> int:
         return check_relief(scen, args.seconds)
 
     # Warm-up: creates data files (first run) so the watched runs start training at once.
-    for name, (script, _) in scen.items():
+    for script, _ in scen.values():
         subprocess.run([sys.executable, str(script), "--seconds", "0.5"], capture_output=True, cwd=REPO, check=False)
 
     results: dict[str, list[dict[str, object]]] = {}
