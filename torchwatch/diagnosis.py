@@ -117,6 +117,9 @@ def template_values(features: Features) -> dict[str, Any]:
     return values
 
 
+_PRIORITY = {label: i for i, label in enumerate(LABELS)}  # DESIGN.md order: lower decides first
+
+
 class Diagnoser:
     """Evaluates rules over successive feature sets, with per-rule hold and release times.
 
@@ -150,7 +153,6 @@ class Diagnoser:
                 continue
             analysis.findings.append(self._finding(rule, values))
         verdict = self._verdict(analysis.findings, features)
-        order = {label: i for i, label in enumerate(LABELS)}
         pending = [
             r
             for r in self.rules
@@ -159,7 +161,7 @@ class Diagnoser:
             and r.severity != "info"
             and r.label != "undetermined"
         ]
-        if any(order[r.label] < order[verdict.label] for r in pending):
+        if any(_PRIORITY[r.label] < _PRIORITY[verdict.label] for r in pending):
             verdict = self._last or Verdict("undetermined", 0.0, "Collecting evidence: a finding is settling.")
         self._last = verdict
         analysis.verdict = verdict
@@ -214,8 +216,7 @@ class Diagnoser:
             return Verdict(
                 "undetermined", 0.3, "No resource is seen limiting the loop: no rule's threshold is crossed."
             )
-        order = {label: i for i, label in enumerate(LABELS)}
-        deciding.sort(key=lambda f: (order[f.label], -(f.measure or 0.0), f.severity != "critical"))
+        deciding.sort(key=lambda f: (_PRIORITY[f.label], -(f.measure or 0.0), f.severity != "critical"))
         win = deciding[0]
 
         def explained(f: Finding) -> float:

@@ -7,6 +7,7 @@ nor the report calls a source; they read :attr:`Session.latest` and :meth:`Sessi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import resource
 import threading
@@ -231,7 +232,7 @@ class Session:
             with open(self.options.trace_path, "a") as f:  # type: ignore[arg-type]
                 f.write(json.dumps(record) + "\n")
         except OSError:
-            self.options = SessionOptions(**{**self.options.__dict__, "trace_path": None})
+            self.options = dataclasses.replace(self.options, trace_path=None)
 
     def _analysis_loop(self) -> None:
         while not self._stop.wait(self.options.analysis_interval_s):

@@ -16,7 +16,7 @@ import psutil
 
 from torchwatch import report
 from torchwatch.errors import TorchwatchError
-from torchwatch.rules_engine import Rule, load_rules
+from torchwatch.rules_engine import load_rules
 from torchwatch.session import Session, SessionOptions
 from torchwatch.target import check_attachable, check_command, exit_status, launch, stop_tree
 
@@ -44,10 +44,6 @@ class WatchOptions:
         return SessionOptions(window_s=self.window, trace_path=self.trace)
 
 
-def _rules(opts: WatchOptions) -> list[Rule]:
-    return load_rules(opts.rules_dirs)
-
-
 def _check_json_path(path: str | None) -> None:
     if path in (None, "-"):
         return
@@ -65,7 +61,7 @@ def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
     Raises:
         TorchwatchError: bad rules, unwritable ``--json`` path, command not found.
     """
-    rules = _rules(opts)
+    rules = load_rules(opts.rules_dirs)
     _check_json_path(opts.json_path)
     check_command(cmd)
     log_path: Path | None = None
@@ -94,7 +90,7 @@ def attach_pid(pid: int, opts: WatchOptions) -> int:
     Raises:
         TorchwatchError: see :func:`torchwatch.target.check_attachable`.
     """
-    rules = _rules(opts)
+    rules = load_rules(opts.rules_dirs)
     _check_json_path(opts.json_path)
     check_attachable(pid)
     try:
