@@ -34,6 +34,27 @@ def _duration(text: str) -> float:
     return value
 
 
+LABELS = ("cpu-bound", "gpu-bound", "io-bound", "dataloader-bound", "undetermined")
+
+
+def _labels(text: str) -> tuple[str, ...]:
+    labels = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [x for x in labels if x not in LABELS]
+    if bad or not labels:
+        raise argparse.ArgumentTypeError(f"--fail-on takes labels from {', '.join(LABELS)}, not {text!r}")
+    return labels
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    try:
+        steps = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--burst-at takes step numbers like 100,500, not {text!r}") from None
+    if any(s < 1 for s in steps):
+        raise argparse.ArgumentTypeError(f"--burst-at step numbers start at 1, not {text!r}")
+    return steps
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--headless", action="store_true", help="no TUI: a live status line on stderr, the final report on stdout"
@@ -66,6 +87,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="append every analysis (features, findings, verdict) to PATH as JSON lines",
     )
+    p.add_argument(
+        "--fail-on",
+        type=_labels,
+        metavar="LABEL[,LABEL...]",
+        help=f"exit {3} when the final verdict is one of these labels (for CI); the command's own failure wins",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,12 +107,31 @@ def build_parser() -> argparse.ArgumentParser:
         usage="torchwatch run [OPTIONS] -- COMMAND [ARGS...]",
     )
     _common(run)
+    run.add_argument(
+        "--no-hook", action="store_true", help="do not pre-load the in-process hook (outside readings only)"
+    )
+    run.add_argument(
+        "--burst-at",
+        type=_steps,
+        metavar="STEP[,STEP...]",
+        help="run a torch.profiler burst at these optimizer steps (the trace path is in the report)",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command")
     attach = sub.add_parser(
         "attach", help="watch a running training process", description="Watch the running process PID and its children."
     )
     _common(attach)
     attach.add_argument("pid", metavar="PID", help="PID of the training process")
+    burst = sub.add_parser(
+        "burst",
+        help="ask a hooked training for a torch.profiler burst and print its summary",
+        description="Ask the hook in PID for a short torch.profiler burst (it must catch the signal), wait for it, "
+        "print the step-time breakdown and the trace path.",
+    )
+    burst.add_argument("pid", metavar="PID", help="PID of the training process (started by torchwatch run, or hooked)")
+    burst.add_argument("--steps", type=int, default=3, metavar="N", help="active steps to record (1-20, default 3)")
+    burst.add_argument("--wait", type=_duration, default=60.0, metavar="SECONDS", help="give up after SECONDS")
+    burst.add_argument("--json", metavar="PATH", help="also write the summary as JSON ('-' for stdout)")
     rules = sub.add_parser("rules", help="check or list diagnosis rules")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser, required=True)
     check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
@@ -146,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args.command == "rules":
             return _rules_command(args)
+        if args.command == "burst":
+            from torchwatch.bursts import burst_command
+
+            return burst_command(args.pid, args.steps, args.wait, args.json)
         return _run(args) if args.command == "run" else _attach(args)
     except TorchwatchError as exc:
         print(exc.one_line(), file=sys.stderr)

@@ -28,7 +28,9 @@ MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state s
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes/s``, ``CPUs``) and source."""
+    """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
+    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``) and source (``py-spy``, ``proc``, ``psutil``, ``psi``,
+    ``nvml``, ``hook``, ``burst``)."""
 
     name: str
     unit: str
@@ -43,9 +45,24 @@ def _specs(*rows: tuple[str, str, str, str]) -> dict[str, FeatureSpec]:
 CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("stack_samples", "count", "py-spy", "main-thread samples of the loop in the window (startup excluded)"),
     ("startup_share", "share", "py-spy", "main-thread samples spent importing modules"),
-    ("data_wait_share", "share", "py-spy", "loop time inside a DataLoader iterator (__next__ / __iter__)"),
-    ("data_wait_queue_share", "share", "py-spy", "loop time waiting on DataLoader worker processes"),
-    ("data_wait_fetch_share", "share", "py-spy", "loop time running the dataset / collate in the main thread"),
+    (
+        "data_wait_share",
+        "share",
+        "py-spy",
+        "loop time inside a DataLoader iterator (__next__ / __iter__); the hook's measurement when present",
+    ),
+    (
+        "data_wait_queue_share",
+        "share",
+        "py-spy",
+        "loop time waiting on DataLoader worker processes (scaled to the hook's measured wait)",
+    ),
+    (
+        "data_wait_fetch_share",
+        "share",
+        "py-spy",
+        "loop time running the dataset / collate in the main thread (scaled to the hook's measured wait)",
+    ),
     ("data_wait_start_share", "share", "py-spy", "loop time starting DataLoader workers"),
     ("forward_share", "share", "py-spy", "loop time in nn.Module calls"),
     ("backward_share", "share", "py-spy", "loop time in autograd backward"),
@@ -100,6 +117,36 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
     ("gpu_power_ratio", "share", "nvml", "mean power draw / enforced power limit"),
     ("gpu_mem_ratio", "share", "nvml", "peak device memory used / total"),
+    ("hook_steps_per_s", "steps/s", "hook", "optimizer steps per second, measured in the training process"),
+    ("step_time_p50_ms", "ms", "hook", "median step time (optimizer step to optimizer step)"),
+    ("step_time_p95_ms", "ms", "hook", "95th percentile step time"),
+    (
+        "data_wait_fraction",
+        "share",
+        "hook",
+        "wall time blocked in DataLoader __next__, measured in the training process",
+    ),
+    ("dl_num_workers", "count", "hook", "DataLoader num_workers as set (the most-used loader)"),
+    ("dl_batch_size", "count", "hook", "DataLoader batch_size as set"),
+    ("dl_pin_memory", "flag", "hook", "DataLoader pin_memory as set (1 = True)"),
+    ("dl_prefetch_factor", "count", "hook", "DataLoader prefetch_factor as set (batches per worker)"),
+    ("dl_persistent_workers", "flag", "hook", "DataLoader persistent_workers as set (1 = True)"),
+    ("dl_batch_bytes", "bytes", "hook", "bytes of tensors in one batch (its first)"),
+    ("amp_enabled", "flag", "hook", "autocast seen enabled in the training (1 = yes)"),
+    ("shm_bytes", "bytes", "hook", "size of /dev/shm, where DataLoader workers pass batches"),
+    ("burst_age_s", "s", "burst", "seconds since the last profiler burst ended"),
+    ("burst_dataloader_share", "share", "burst", "last burst: step time in DataLoader (TensorBoard plugin priority)"),
+    ("burst_cpu_exec_share", "share", "burst", "last burst: step time in host operators not covered by device work"),
+    ("burst_kernel_share", "share", "burst", "last burst: step time with a device kernel running"),
+    ("burst_gpu_idle_share", "share", "burst", "last burst: step time with no device activity"),
+    (
+        "burst_sync_per_step",
+        "count",
+        "burst",
+        "last burst: host-device sync calls per step (.item(), synchronize, ...)",
+    ),
+    ("burst_cpu_ops_per_step", "count", "burst", "last burst: host operators per step"),
+    ("burst_short_kernel_share", "share", "burst", "last burst: kernels shorter than 10 us"),
 )
 
 Features = dict[str, "float | None"]
@@ -330,6 +377,91 @@ def _cpu_budget(f: Features) -> Features:
     }
 
 
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _flag(value: object) -> float | None:
+    return None if value is None else float(bool(value))
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _hook_features(window: Window, main_pid: int | None) -> Features:
+    """Measured in the training process: steps, step time, DataLoader wait and settings, AMP.
+
+    Step time is optimizer step to optimizer step (``register_optimizer_step_post_hook``); data
+    wait is wall time inside DataLoader ``__next__``, including a ``__next__`` still running at
+    the last read (a stall shows while it lasts).
+    """
+    reads = [h for h in window.hook if main_pid is None or h.pid == main_pid]
+    out: Features = {name: None for name, spec in CATALOGUE.items() if spec.source in ("hook", "burst")}
+    if not reads:
+        return out
+    first, last = reads[0], reads[-1]
+    info = last.info
+    span = last.t - first.t
+    steps = [e for h in reads for e in h.new_steps if window.start <= e[0] <= window.end]
+    if span >= 1.0 and last.steps > 0:
+        out["hook_steps_per_s"] = (last.steps - first.steps) / span
+    if len(steps) >= 2:
+        durations = [e[1] * 1000.0 for e in steps]
+        out["step_time_p50_ms"] = statistics.median(durations)
+        out["step_time_p95_ms"] = _percentile(durations, 0.95)
+
+    def waited(h: object) -> float:
+        since = getattr(h, "in_next_since", 0.0)
+        return float(getattr(h, "data_wait_s", 0.0)) + (max(0.0, getattr(h, "t", 0.0) - since) if since else 0.0)
+
+    if span >= 1.0 and (last.batches > 0 or last.in_next_since):
+        out["data_wait_fraction"] = max(0.0, min(1.0, (waited(last) - waited(first)) / span))
+    loaders = info.get("dataloaders") or []
+    if loaders:
+        dl = loaders[0]
+        out["dl_num_workers"] = _num(dl.get("num_workers"))
+        out["dl_batch_size"] = _num(dl.get("batch_size"))
+        out["dl_pin_memory"] = _flag(dl.get("pin_memory"))
+        out["dl_prefetch_factor"] = _num(dl.get("prefetch_factor"))
+        out["dl_persistent_workers"] = _flag(dl.get("persistent_workers"))
+        out["dl_batch_bytes"] = _num(dl.get("batch_bytes"))
+    if info.get("torch"):
+        out["amp_enabled"] = _flag((info.get("amp") or {}).get("autocast"))
+    out["shm_bytes"] = _num(info.get("shm_bytes"))
+    last_burst = (info.get("burst") or {}).get("last") or {}
+    if last_burst and not last_burst.get("error") and last_burst.get("breakdown_share"):
+        share = last_burst["breakdown_share"]
+        started = _num(last_burst.get("started_at"))
+        out["burst_age_s"] = None if started is None else max(0.0, last.t - started)
+        out["burst_dataloader_share"] = _num(share.get("dataloader"))
+        out["burst_cpu_exec_share"] = _num(share.get("cpu_exec"))
+        out["burst_kernel_share"] = _num(share.get("kernel"))
+        out["burst_gpu_idle_share"] = _num(last_burst.get("gpu_idle_share"))
+        out["burst_sync_per_step"] = _num((last_burst.get("sync") or {}).get("calls_per_step"))
+        out["burst_cpu_ops_per_step"] = _num(last_burst.get("cpu_ops_per_step"))
+        out["burst_short_kernel_share"] = _num(last_burst.get("short_kernel_share"))
+    return out
+
+
+def _prefer_measured_wait(f: Features) -> Features:
+    """Scale the stack estimate of the DataLoader's share to the hook's measurement.
+
+    py-spy samples where the loop is (20 Hz); the hook times every ``__next__``. When both exist,
+    the measured total wins and the stacks only split it (queue vs in-thread fetch).
+    """
+    measured, estimated = f.get("data_wait_fraction"), f.get("data_wait_share")
+    if measured is None or estimated is None or estimated < 0.02:
+        return {}
+    k = measured / estimated
+    out: Features = {"data_wait_share": measured}
+    for name in ("data_wait_queue_share", "data_wait_fetch_share", "data_wait_start_share"):
+        v = f.get(name)
+        out[name] = None if v is None else min(1.0, v * k)
+    return out
+
+
 def compute(window: Window, main_pid: int | None) -> Features:
     """All features of :data:`CATALOGUE` for ``window``.
 
@@ -342,6 +474,8 @@ def compute(window: Window, main_pid: int | None) -> Features:
     """
     f: Features = {}
     f.update(_stack_features(window, main_pid))
+    f.update(_hook_features(window, main_pid))
+    f.update(_prefer_measured_wait(f))
     f.update(_thread_features(window, main_pid))
     f.update(_attribute_fetch(f))
     f.update(_combine(f))

@@ -203,7 +203,24 @@ class StackSample:
 
 @dataclass
 class HookState:
-    """What the in-process hook published (empty until the hook lands)."""
+    """One read of what the in-process hook published (:mod:`torchwatch.hook.publish`).
+
+    Attributes:
+        t: when torchwatch read it, monotonic s (the hook's clock is the same).
+        pid: the training process.
+        steps: optimizer steps since the hook started.
+        batches: batches taken from DataLoader iterators.
+        data_wait_s: total time blocked in DataLoader ``__next__``, s.
+        in_next_since: start of the ``__next__`` running at ``t`` (0.0: none), monotonic s.
+        new_steps: steps that ended since the previous read: ``(end s, duration s, data wait s)``.
+        info: ``hook.json`` (settings, AMP, burst state and results, errors); shared, do not mutate.
+    """
 
     t: float
-    values: dict[str, Any] = field(default_factory=dict)
+    pid: int
+    steps: int
+    batches: int
+    data_wait_s: float
+    in_next_since: float
+    new_steps: tuple[tuple[float, float, float], ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)

@@ -29,6 +29,7 @@ def build(
     watched_s: float,
     history: Sequence[tuple[float, str]] = (),
     own_usage: Mapping[str, float] | None = None,
+    hook: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
@@ -36,7 +37,9 @@ def build(
     ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
     reason?, hint?}}, ``features`` {name: number | null}. Added: ``not_applicable``,
     ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
-    CPU and memory, see :meth:`Session.own_usage`).
+    CPU and memory, see :meth:`Session.own_usage`) and ``hook`` (what the in-process hook
+    measured: steps/s, step time, data-wait fraction, DataLoader settings, the last burst's
+    summary; see :meth:`Session.hook_summary`; ``null`` without a hook).
     """
     return {
         "schema": SCHEMA,
@@ -51,7 +54,19 @@ def build(
         "watched_seconds": round(watched_s, 1),
         "verdict_history": [{"t": t, "label": label} for t, label in history],
         "self": dict(own_usage or {}),
+        "hook": _clean(hook) if hook is not None else None,
     }
+
+
+def _clean(value: Any) -> Any:
+    """Round floats and drop non-finite ones, recursively (the hook's dicts go to JSON)."""
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
 
 
 def format_value(name: str, value: float | None) -> str:
@@ -67,7 +82,88 @@ def format_value(name: str, value: float | None) -> str:
         return f"{value / 1e6:.1f} MB/s"
     if unit == "bytes":
         return f"{value / 1e6:.0f} MB"
+    if unit == "ms":
+        return f"{value:.1f} ms"
+    if unit == "steps/s":
+        return f"{value:.2f} steps/s"
+    if unit == "s":
+        return f"{value:.0f} s"
+    if unit == "flag":
+        return "yes" if value else "no"
     return f"{value:g}"
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if not isinstance(v, (int, float)) else f"{v:.0%}"
+
+
+def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
+    """The hook's measurements for people: steps, step time, data wait, settings, AMP, last burst."""
+    if not hook:
+        return []
+    if hook.get("status") != "ok" and "steps" not in hook:
+        return [f"hook: {hook.get('status')}" + (f": {hook['reason']}" if hook.get("reason") else "")]
+    st = hook.get("step_time_ms") or {}
+    sps = hook.get("steps_per_s")
+    lines = [
+        "training loop (measured in the process):",
+        f"  {hook.get('steps', 0)} steps, "
+        + ("n/a steps/s" if sps is None else f"{sps:.2f} steps/s")
+        + f", step time p50 {_ms(st.get('p50'))} / p95 {_ms(st.get('p95'))}"
+        + f", data wait {_pct(hook.get('data_wait_fraction'))}",
+    ]
+    dl = hook.get("dataloader")
+    if dl:
+        lines.append(
+            f"  DataLoader: num_workers={dl.get('num_workers')}, batch_size={dl.get('batch_size')}, "
+            f"pin_memory={dl.get('pin_memory')}, prefetch_factor={dl.get('prefetch_factor')}, "
+            f"persistent_workers={dl.get('persistent_workers')}; usable CPUs {hook.get('usable_cpus')}"
+        )
+    amp = hook.get("amp") or {}
+    if amp:
+        lines.append(
+            "  AMP: "
+            + (
+                f"autocast {amp.get('dtype')} on {amp.get('device_type')}"
+                if amp.get("autocast")
+                else "autocast not seen"
+            )
+            + (", GradScaler" if amp.get("grad_scaler") else "")
+        )
+    lines += burst_lines(hook.get("last_burst"))
+    for err in hook.get("errors") or []:
+        lines.append(f"  hook error: {err}")
+    return lines
+
+
+def _ms(v: Any) -> str:
+    return "n/a" if not isinstance(v, (int, float)) else f"{v:.1f} ms"
+
+
+def burst_lines(burst: Mapping[str, Any] | None) -> list[str]:
+    """A burst summary for people: breakdown, GPU idle, top operators, trace path."""
+    if not burst:
+        return []
+    if burst.get("error"):
+        return [f"  last burst #{burst.get('id')}: failed: {burst['error']}"]
+    share = burst.get("breakdown_share") or {}
+    parts = ", ".join(f"{k} {v:.0%}" for k, v in share.items() if isinstance(v, (int, float)) and v >= 0.005)
+    lines = [
+        f"  last burst #{burst.get('id')}: {burst.get('steps')} steps of {_ms(burst.get('step_time_ms'))}: {parts}",
+    ]
+    if burst.get("gpu_idle_share") is not None:
+        lines.append(f"    GPU idle {_pct(burst.get('gpu_idle_share'))} of the step")
+    ops = burst.get("top_cpu_ops") or []
+    if ops:
+        lines.append("    top CPU ops (self): " + ", ".join(f"{o['name']} {o['self_ms']:.1f} ms" for o in ops[:5]))
+    kernels = burst.get("top_kernels") or []
+    if kernels:
+        lines.append("    top kernels: " + ", ".join(f"{k['name'][:40]} {k['total_ms']:.1f} ms" for k in kernels[:5]))
+    if burst.get("trace_path"):
+        lines.append(f"    trace: {burst['trace_path']} (open in ui.perfetto.dev or TensorBoard)")
+    elif burst.get("trace_note"):
+        lines.append(f"    trace: {burst['trace_note']}")
+    return lines
 
 
 def status_text(name: str, st: SourceStatus) -> str:
@@ -98,6 +194,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
         for name, st in report["sources"].items()
     )
+    lines += hook_lines(report.get("hook"))
     lines.append(f"sources: {srcs}")
     return "\n".join(lines)
 
@@ -113,6 +210,7 @@ def status_line(analysis: Analysis | None, elapsed_s: float) -> str:
         f"loop CPU {format_value('main_running_share', f.get('main_running_share'))}",
         f"disk wait {format_value('storage_wait_share', f.get('storage_wait_share'))}",
         f"workers {format_value('worker_count', f.get('worker_count'))}",
+        *([f"{f['hook_steps_per_s']:.2f} steps/s"] if f.get("hook_steps_per_s") is not None else []),
         f"GPU {format_value('gpu_util_mean', f.get('gpu_util_mean'))}",
     ]
     return " | ".join(parts)

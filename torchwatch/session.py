@@ -18,9 +18,10 @@ from pathlib import Path
 
 from torchwatch import features as feats
 from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.readings import Role, SourceStatus, Status
+from torchwatch.readings import HookState, Role, SourceStatus, Status
 from torchwatch.rules_engine import Rule
 from torchwatch.sources import Source
+from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
@@ -39,6 +40,7 @@ class SessionOptions:
         thread_interval_s: seconds between two rounds of thread-state sampling.
         nvml: whether to read GPUs through NVML at all.
         trace_path: append every analysis (features, findings, verdict) to this file as JSON lines.
+        hook_expected: the training was started with the hook pre-loaded (``torchwatch run``).
     """
 
     window_s: float = 10.0
@@ -48,6 +50,7 @@ class SessionOptions:
     thread_interval_s: float = 0.1
     nvml: bool = True
     trace_path: Path | None = None
+    hook_expected: bool = False
 
 
 class Session:
@@ -94,6 +97,8 @@ class Session:
             ThreadStateSource(self.tree, interval=opts.thread_interval_s),
             self.pyspy,
         ]
+        self.hook = HookSource(self._main_pid, expected=opts.hook_expected)
+        self.sources.append(self.hook)
         if opts.nvml:
             self.sources.append(NvmlSource(self.tree.pids))
         self.diagnoser = Diagnoser(rules, self.why_missing)
@@ -175,7 +180,15 @@ class Session:
         spec = feats.CATALOGUE.get(feature)
         if spec is None:
             return "unknown feature"
-        by_source = {"py-spy": "py-spy", "proc": "threads", "psutil": "psutil", "psi": "psutil", "nvml": "nvml"}
+        by_source = {
+            "py-spy": "py-spy",
+            "proc": "threads",
+            "psutil": "psutil",
+            "psi": "psutil",
+            "nvml": "nvml",
+            "hook": "hook",
+            "burst": "hook",
+        }
         names = [by_source.get(part, part) for part in spec.source.split("+")]
         statuses = self.statuses()
         for name in names:
@@ -184,6 +197,10 @@ class Session:
                 return f"{name} unavailable: {st.reason}"
         if self.main_pid is None:
             return "no Python training process found in the tree yet"
+        if spec.source == "burst":
+            return "no profiler burst has completed yet (press b, or torchwatch burst PID)"
+        if spec.source == "hook" and feature.startswith("dl_"):
+            return "no DataLoader iterated in the training yet"
         return "not enough samples in the window yet, or the loop never entered that state"
 
     def _sample_loop(self, src: Source) -> None:
@@ -245,6 +262,64 @@ class Session:
                 continue
             if self.on_analysis is not None:
                 self.on_analysis(analysis)
+
+    # -- the in-process hook -------------------------------------------------------------
+    def hook_summary(self) -> dict[str, object] | None:
+        """What the hook measured, for the report and the TUI; ``None`` when no hook was ever read.
+
+        Keys: ``status``, ``reason``, ``pid``, ``steps``, ``steps_per_s``, ``step_time_ms``
+        (``p50``, ``p95``), ``data_wait_fraction``, ``dataloader`` (the most-used loader's
+        settings), ``dataloaders``, ``usable_cpus``, ``shm_bytes``, ``amp``, ``signal``,
+        ``signal_owned``, ``burst`` (``state``, ``count``, ``last_refusal``), ``last_burst``
+        (the summary of :mod:`torchwatch.hook.summary`, or ``{"error": ...}``), ``errors``.
+        """
+        with self._lock:
+            analysis = self.last_alive or self.latest
+        last = self.store.latest(HookState)
+        if not isinstance(last, HookState):
+            st = self.hook.status
+            return {"status": st.status.value, "reason": st.reason} if st.status is not Status.STARTING else None
+        info = last.info
+        f = analysis.features if analysis is not None else {}
+        burst = dict(info.get("burst") or {})
+        loaders = info.get("dataloaders") or []
+        return {
+            "status": self.hook.status.status.value,
+            "reason": self.hook.status.reason,
+            "pid": last.pid,
+            "torch": info.get("torch"),
+            "steps": last.steps,
+            "steps_per_s": f.get("hook_steps_per_s"),
+            "step_time_ms": {"p50": f.get("step_time_p50_ms"), "p95": f.get("step_time_p95_ms")},
+            "data_wait_fraction": f.get("data_wait_fraction"),
+            "dataloader": loaders[0] if loaders else None,
+            "dataloaders": loaders,
+            "usable_cpus": info.get("usable_cpus"),
+            "shm_bytes": info.get("shm_bytes"),
+            "amp": info.get("amp"),
+            "cuda_initialized": info.get("cuda_initialized"),
+            "signal": info.get("signal"),
+            "signal_owned": info.get("signal_owned"),
+            "burst": {k: burst.get(k) for k in ("state", "mode", "count", "last_refusal")},
+            "last_burst": burst.get("last"),
+            "errors": info.get("errors") or [],
+        }
+
+    def burst_possible(self) -> tuple[bool, str]:
+        """Whether a profiler burst can be asked for now; if not, why (one line)."""
+        reader = self.hook.reader()
+        if reader is None:
+            return False, "no training process found yet"
+        if self.target_gone:
+            return False, "the training has exited"
+        return reader.burst_possible()
+
+    def request_burst(self, params: dict[str, object] | None = None) -> tuple[bool, str]:
+        """Ask the hook for a profiler burst (non-blocking; see :meth:`HookReader.request_burst`)."""
+        reader = self.hook.reader()
+        if reader is None:
+            return False, "no training process found yet"
+        return reader.request_burst(params)
 
     def final(self) -> Analysis:
         """The verdict to report: the last one made while the target ran (or a fresh one)."""

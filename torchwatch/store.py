@@ -82,3 +82,9 @@ class Store:
             for kind, buf in self._buffers.items():
                 setattr(w, kind, [r for r in buf if start <= r.t <= end])  # type: ignore[attr-defined]
         return w
+
+    def latest(self, kind: type) -> object | None:
+        """The newest reading of type ``kind`` (e.g. :class:`HookState`), or ``None``."""
+        with self._lock:
+            buf = self._buffers.get(_KINDS.get(kind, ""))
+            return buf[-1] if buf else None

@@ -122,6 +122,7 @@ def launch(
     stdout: IO[bytes] | None = None,
     stderr: IO[bytes] | int | None = None,
     stdin: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
 
@@ -129,6 +130,7 @@ def launch(
         command: program and arguments, e.g. ``["python", "train.py"]``.
         stdout, stderr: where the child writes; ``None`` passes the terminal through untouched.
         stdin: ``subprocess.DEVNULL`` when the TUI owns the terminal.
+        env: the child's environment; ``None`` inherits torchwatch's.
 
     Raises:
         UsageError: empty command.
@@ -137,7 +139,7 @@ def launch(
     check_command(command)
     program = command[0]
     try:
-        return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr)
+        return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr, env=env)
     except OSError as exc:
         raise TorchwatchError(f"cannot start {program}: {exc.strerror or exc}", "check the command") from None
 

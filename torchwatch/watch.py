@@ -33,15 +33,49 @@ class WatchOptions:
     rules_dirs: list[Path] = field(default_factory=list)
     window: float = 10.0
     trace: Path | None = None
+    hook: bool = True
+    burst_at: tuple[int, ...] = ()
+    fail_on: tuple[str, ...] = ()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
         """Options from the parsed ``run`` / ``attach`` arguments."""
-        return cls(args.headless, args.duration, args.json, list(args.rules), args.window, args.trace)
+        return cls(
+            args.headless,
+            args.duration,
+            args.json,
+            list(args.rules),
+            args.window,
+            args.trace,
+            hook=not getattr(args, "no_hook", False),
+            burst_at=tuple(getattr(args, "burst_at", None) or ()),
+            fail_on=tuple(args.fail_on or ()),
+        )
 
-    def session_options(self) -> SessionOptions:
-        """The :class:`SessionOptions` these options ask for."""
-        return SessionOptions(window_s=self.window, trace_path=self.trace)
+    def session_options(self, launched: bool = False) -> SessionOptions:
+        """The :class:`SessionOptions` these options ask for (``launched``: by ``run``)."""
+        return SessionOptions(window_s=self.window, trace_path=self.trace, hook_expected=launched and self.hook)
+
+
+FAIL_ON_EXIT = 3  # --fail-on matched (the command itself succeeded)
+
+
+def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
+    """The environment that pre-loads the hook in a launched training (``boot/sitecustomize.py``).
+
+    ``TORCHWATCH_HOOK_PATH`` lets an interpreter without torchwatch installed still load it.
+    """
+    import torchwatch
+    import torchwatch.hook
+
+    env = dict(os.environ)
+    boot = str(Path(torchwatch.hook.__file__).parent / "boot")
+    env["PYTHONPATH"] = boot + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["TORCHWATCH_HOOK"] = "1"
+    env["TORCHWATCH_HOOK_PATH"] = str(Path(torchwatch.__file__).parent.parent)
+    if burst_at:
+        env["TORCHWATCH_BURST_AT"] = ",".join(str(s) for s in burst_at)
+    return env
 
 
 def _check_json_path(path: str | None) -> None:
@@ -65,23 +99,27 @@ def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
     _check_json_path(opts.json_path)
     check_command(cmd)
     log_path: Path | None = None
+    env = hook_env(opts.burst_at) if opts.hook else None
     if opts.headless:
-        child = launch(cmd)
+        child = launch(cmd, env=env)
     else:
         # The TUI owns the terminal: the training's output goes to a log shown when the app exits.
         log_dir = Path(tempfile.mkdtemp(prefix="torchwatch-"))
         log_path = log_dir / "training.log"
         with open(log_path, "wb") as log:
-            child = launch(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            child = launch(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     try:
-        session = Session(child.pid, rules, opts.session_options())
+        session = Session(child.pid, rules, opts.session_options(launched=True))
     except psutil.NoSuchProcess:
         code = exit_status(child.wait())
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
         return code
     session.start()
     status = _drive(session, child, opts, log_path)
-    return status if status is not None else 0
+    code = status if status is not None else 0
+    if code == 0 and _failed_on(session, opts):
+        return FAIL_ON_EXIT
+    return code
 
 
 def attach_pid(pid: int, opts: WatchOptions) -> int:
@@ -99,7 +137,21 @@ def attach_pid(pid: int, opts: WatchOptions) -> int:
         raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
     session.start()
     _drive(session, None, opts, None)
-    return 0
+    return FAIL_ON_EXIT if _failed_on(session, opts) else 0
+
+
+def _failed_on(session: Session, opts: WatchOptions) -> bool:
+    """``--fail-on``: whether the final verdict is one of the labels named (says so on stderr)."""
+    if not opts.fail_on:
+        return False
+    label = session.final().verdict.label
+    if label in opts.fail_on:
+        print(
+            f"torchwatch: verdict {label} is in --fail-on ({','.join(opts.fail_on)}): exit {FAIL_ON_EXIT}",
+            file=sys.stderr,
+        )
+        return True
+    return False
 
 
 def _drive(
@@ -175,6 +227,7 @@ def _write_reports(
         watched_s=watched_s,
         history=session.history,
         own_usage=session.own_usage(),
+        hook=session.hook_summary(),
     )
     text = report.render_text(data)
     if opts.json_path == "-":

@@ -1,0 +1,134 @@
+"""A tiny training run with the hook installed, for tests/unit/test_hook_runtime.py.
+
+Usage: python _hook_script.py MODE DIR  (prints one JSON object on its last stdout line)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+MODE, DIR = sys.argv[1], sys.argv[2]
+os.environ.setdefault("TORCHWATCH_BURST_COOLDOWN_S", "0")
+
+import torchwatch.hook  # noqa: E402
+from torchwatch.hook import publish, runtime  # noqa: E402
+
+installed = torchwatch.hook.install(directory=DIR)
+torch_before = "torch" in sys.modules
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+
+def worker_probe(worker_id: int) -> None:
+    """Runs in each DataLoader worker: does it carry an active hook?"""
+    from torchwatch.hook import runtime as rt
+
+    handler = signal.getsignal(signal.SIGUSR2)
+    with open(os.path.join(DIR, f"worker-{os.getpid()}.json"), "w") as f:
+        json.dump(
+            {"active": rt._active, "current": rt.current() is not None, "default_handler": handler == signal.SIG_DFL}, f
+        )
+
+
+def state() -> dict:
+    hook = runtime.current()
+    assert hook is not None
+    return publish.read_json(hook.dir / publish.STATE_FILE) or {}
+
+
+def main() -> None:
+    out: dict = {"installed": installed, "torch_imported_by_install": torch_before, "pid": os.getpid()}
+    hook = runtime.current()
+    ds = TensorDataset(torch.randn(256, 16), torch.randint(0, 2, (256,)))
+    kw: dict = {"batch_size": 8, "pin_memory": True}
+    if MODE in ("fork", "spawn"):
+        kw.update(num_workers=2, worker_init_fn=worker_probe, multiprocessing_context=MODE, persistent_workers=False)
+    loader = DataLoader(ds, **kw)
+    model = torch.nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        time.sleep(0.002)
+
+    def train(seconds: float, until=None) -> int:
+        n, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            for x, y in loader:
+                step(x, y)
+                n += 1
+                if until is not None and until():
+                    return n
+                if time.monotonic() > end:
+                    break
+        return n
+
+    train(0.5)
+    if MODE == "burst":
+        os.kill(os.getpid(), signal.SIGUSR2)
+        train(30.0, until=lambda: (state().get("burst") or {}).get("last") is not None)
+    elif MODE == "user_profiler":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            out["steps_during"] = train(1.0)
+    elif MODE == "bursts20":
+        rss = []
+        for i in range(int(os.environ.get("BURSTS", "20"))):
+            os.kill(os.getpid(), signal.SIGUSR2)
+            train(
+                30.0,
+                until=lambda i=i: (
+                    ((state().get("burst") or {}).get("last") or {}).get("id") == i + 1
+                    and (state().get("burst") or {}).get("state") == "idle"
+                ),
+            )
+            last = (state().get("burst") or {}).get("last") or {}
+            rss.append(
+                [
+                    last.get("rss_before_bytes"),
+                    last.get("rss_after_bytes"),
+                    last.get("error"),
+                    (state().get("burst") or {}).get("last_refusal"),
+                    time.monotonic(),
+                ]
+            )
+        out["rss"] = rss
+    elif MODE == "window":
+        os.kill(os.getpid(), signal.SIGUSR2)  # no step in flight: a time-window burst
+        end = time.monotonic() + 20
+        while time.monotonic() < end and (state().get("burst") or {}).get("last") is None:
+            x = torch.randn(64, 64)
+            for _ in range(20):
+                x = torch.tanh(x @ x.T / 64)
+            time.sleep(0.01)
+    else:
+        train(1.0)
+    snap = publish.read_counters(hook.dir / publish.COUNTERS_FILE) if hook else None
+    out["state"] = state() if hook else None
+    out["counters"] = (
+        None
+        if snap is None
+        else {
+            "steps": snap.steps,
+            "batches": snap.batches,
+            "data_wait_s": snap.data_wait_s,
+            "entries": len(snap.entries),
+        }
+    )
+    out["dir"] = str(hook.dir) if hook else None
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

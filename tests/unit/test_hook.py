@@ -1,0 +1,273 @@
+"""The in-process hook: published formats, where it installs, and what it measures (real torch runs)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchwatch.features import compute
+from torchwatch.hook import publish, should_install
+from torchwatch.readings import HookState
+from torchwatch.sources.hook import HookReader
+from torchwatch.store import Window
+
+SCRIPT = Path(__file__).with_name("_hook_script.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- publish ----------------------------------------------------------------------------------
+def test_counters_round_trip_and_ring_keeps_the_newest(tmp_path: Path) -> None:
+    c = publish.Counters(tmp_path / "counters", pid=123)
+    c.step(1.0, None, 0.0)  # the first step has no known start
+    for i in range(publish.RING + 10):
+        c.next_started(2.0 + i)
+        c.next_ended(2.0 + i + 0.25, 0.25)
+        c.step(2.0 + i + 0.5, 0.5 + i * 1e-3, 0.25)
+    snap = publish.read_counters(tmp_path / "counters")
+    assert snap is not None
+    assert (snap.pid, snap.steps, snap.batches) == (123, publish.RING + 11, publish.RING + 10)
+    assert len(snap.entries) == publish.RING
+    assert snap.entries[-1] == (2.0 + publish.RING + 9 + 0.5, pytest.approx(0.5 + (publish.RING + 9) * 1e-3), 0.25)
+    assert snap.entries[0][0] < snap.entries[1][0]  # oldest first
+    assert snap.first_step_t == 1.0 and snap.in_next_since == 0.0
+    assert snap.data_wait_s == pytest.approx(0.25 * (publish.RING + 10))
+
+
+def test_a_write_in_progress_is_never_read(tmp_path: Path) -> None:
+    c = publish.Counters(tmp_path / "counters", pid=1)
+    c.seq += 1  # odd: as if the hook were between the two halves of a write
+    publish._SEQ.pack_into(c._mm, 8, c.seq)
+    assert publish.read_counters(tmp_path / "counters", retries=2) is None
+    assert publish.read_counters(tmp_path / "missing") is None
+
+
+def test_base_dir_follows_the_targets_environment() -> None:
+    assert publish.base_dir({"TORCHWATCH_DIR": "/x/y"}) == Path("/x/y")
+    assert publish.base_dir({"TMPDIR": "/scratch"}, uid=1000) == Path("/scratch/torchwatch-1000")
+    assert publish.base_dir({}, uid=7) == Path("/tmp/torchwatch-7")
+
+
+def test_private_dir_and_atomic_files(tmp_path: Path) -> None:
+    base = tmp_path / "tw"
+    d = publish.ensure_private_dir(base / "42", levels=2)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700 and stat.S_IMODE(base.stat().st_mode) == 0o700
+    publish.write_json_atomic(d / "hook.json", {"a": 1})
+    assert stat.S_IMODE((d / "hook.json").stat().st_mode) == 0o600
+    assert publish.read_json(d / "hook.json") == {"a": 1}
+    (d / "bad.json").write_text("[1, 2")
+    assert publish.read_json(d / "bad.json") is None
+    assert [p.name for p in d.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a directory owned by someone else")
+    d = tmp_path / "foreign"
+    d.mkdir()
+    os.chown(d, 12345, 12345)
+    with pytest.raises(PermissionError):
+        publish.ensure_private_dir(d)
+
+
+# -- where the hook installs ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "yes"),
+    [
+        (["python", "train.py", "--lr", "1"], True),
+        (["python", "-m", "mypkg.train"], True),
+        (
+            [
+                "python",
+                "-c",
+                "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+                "--multiprocessing-fork",
+            ],
+            False,
+        ),
+        (["python", "-c", "from multiprocessing.resource_tracker import main;main(7)"], False),
+        (["python", "-c", "from multiprocessing.forkserver import main; main(8, 9)"], False),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False),
+        (["python", "/usr/local/bin/torchrun", "--nproc-per-node=2", "train.py"], False),
+        (["python", "/venv/bin/accelerate", "launch", "train.py"], False),
+    ],
+)
+def test_should_install_only_in_training_processes(argv: list[str], yes: bool) -> None:
+    assert should_install(argv)[0] is yes
+
+
+# -- features from hook readings --------------------------------------------------------------
+def _reads(n: int, step_s: float, wait_s: float, in_next_at_end: float = 0.0) -> list[HookState]:
+    out = []
+    for i in range(n):
+        t = 100.0 + i
+        steps = tuple((t - 1 + k * step_s + step_s, step_s, wait_s) for k in range(int(1 / step_s)))
+        out.append(
+            HookState(
+                t=t,
+                pid=7,
+                steps=i * len(steps),
+                batches=i * len(steps),
+                data_wait_s=i * len(steps) * wait_s,
+                in_next_since=(t - in_next_at_end) if (in_next_at_end and i == n - 1) else 0.0,
+                new_steps=steps if i else (),
+                info={
+                    "torch": "2.13",
+                    "amp": {"autocast": True},
+                    "dataloaders": [
+                        {
+                            "num_workers": 0,
+                            "batch_size": 32,
+                            "pin_memory": True,
+                            "prefetch_factor": None,
+                            "persistent_workers": False,
+                            "batch_bytes": 4096,
+                        }
+                    ],
+                },
+            )
+        )
+    return out
+
+
+def test_hook_features_measure_rate_step_time_and_data_wait() -> None:
+    w = Window(start=100.0, end=110.0, hook=_reads(11, 0.25, 0.1))
+    f = compute(w, 7)
+    assert f["hook_steps_per_s"] == pytest.approx(4.0)
+    assert f["step_time_p50_ms"] == pytest.approx(250.0) and f["step_time_p95_ms"] == pytest.approx(250.0)
+    assert f["data_wait_fraction"] == pytest.approx(0.4)
+    assert (f["dl_num_workers"], f["dl_batch_size"], f["dl_pin_memory"], f["dl_prefetch_factor"]) == (
+        0.0,
+        32.0,
+        1.0,
+        None,
+    )
+    assert f["amp_enabled"] == 1.0 and f["dl_batch_bytes"] == 4096.0
+    assert f["burst_kernel_share"] is None  # no burst yet
+
+
+def test_a_stall_in_next_counts_while_it_lasts() -> None:
+    calm = compute(Window(100.0, 110.0, hook=_reads(11, 0.25, 0.1)), 7)["data_wait_fraction"]
+    stalled = compute(Window(100.0, 110.0, hook=_reads(11, 0.25, 0.1, in_next_at_end=3.0)), 7)["data_wait_fraction"]
+    assert calm is not None and stalled == pytest.approx(calm + 0.3)
+
+
+def test_hook_features_are_none_without_a_hook_or_for_another_pid() -> None:
+    assert compute(Window(100.0, 110.0, hook=_reads(11, 0.25, 0.1)), 8)["data_wait_fraction"] is None
+    assert compute(Window(100.0, 110.0), 7)["hook_steps_per_s"] is None
+
+
+# -- burst requests from outside ----------------------------------------------------------------
+def _fake_hook_dir(tmp_path: Path, pid: int, **info: Any) -> Path:
+    d = tmp_path / str(pid)
+    d.mkdir()
+    state = {
+        "schema": publish.SCHEMA,
+        "pid": pid,
+        "signal": int(signal.SIGUSR2),
+        "signal_owned": True,
+        "burst": {"state": "idle", "count": 0},
+        "errors": [],
+    }
+    state.update(info)
+    publish.write_json_atomic(d / publish.STATE_FILE, state)
+    return d
+
+
+def test_no_signal_to_a_process_that_does_not_catch_it(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rd = HookReader(sleeper.pid, _fake_hook_dir(tmp_path, sleeper.pid))  # a forged announcement
+        ok, why = rd.request_burst()
+        assert not ok and "does not catch SIGUSR2" in why
+        assert sleeper.poll() is None  # still alive
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_no_burst_without_a_hook_or_when_the_hook_lost_the_signal(tmp_path: Path) -> None:
+    ok, why = HookReader(os.getpid(), tmp_path / "none").burst_possible()
+    assert not ok and "no hook" in why
+    d = _fake_hook_dir(tmp_path, 99, signal_owned=False, errors=["SIGUSR2 is already handled by the training"])
+    ok, why = HookReader(99, d).burst_possible()
+    assert not ok and "already handled" in why
+
+
+# -- the hook in a real training process ------------------------------------------------------
+def run_script(mode: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+    """Run tests/unit/_hook_script.py MODE in a fresh interpreter; its JSON result."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), mode, str(tmp_path / "tw")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces"), **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["stderr"] = proc.stderr
+    return result
+
+
+def test_hook_measures_steps_settings_amp_and_runs_a_burst(tmp_path: Path) -> None:
+    r = run_script("burst", tmp_path)
+    assert r["installed"] and not r["torch_imported_by_install"]
+    assert r["counters"]["steps"] >= 10 and r["counters"]["batches"] >= r["counters"]["steps"]
+    st = r["state"]
+    dl = st["dataloaders"][0]
+    assert (dl["num_workers"], dl["batch_size"], dl["pin_memory"]) == (0, 8, True)  # as asked, not as applied on CPU
+    assert dl["batch_bytes"] == 8 * 16 * 4 + 8 * 8
+    assert st["amp"] == {"autocast": True, "dtype": "bfloat16", "device_type": "cpu", "grad_scaler": True}
+    assert st["signal_owned"] and st["errors"] == []
+    last = st["burst"]["last"]
+    assert last.get("error") is None and last["steps"] == 3 and last["events"] > 0
+    assert sum(last["breakdown_share"].values()) == pytest.approx(1.0, abs=1e-3)
+    measured = sum(last["measured_step_ms"]) / len(last["measured_step_ms"])
+    assert last["step_time_ms"] == pytest.approx(measured, rel=0.05)
+    with gzip.open(last["trace_path"], "rt") as f:
+        trace = json.load(f)
+    assert any(str(e.get("name", "")).startswith("ProfilerStep#") for e in trace["traceEvents"])
+    assert Path(last["trace_path"][: -len(".json.gz")] + ".summary.json").exists()
+    assert not Path(r["dir"]).exists()  # published files removed at exit
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dataloader_workers_carry_no_active_hook(tmp_path: Path, method: str) -> None:
+    r = run_script(method, tmp_path)
+    probes = [json.loads(p.read_text()) for p in (tmp_path / "tw").glob("worker-*.json")]
+    assert len(probes) >= 2
+    assert all(not p["active"] and not p["current"] and p["default_handler"] for p in probes)
+    assert r["counters"]["steps"] >= 1
+
+
+def test_burst_is_refused_while_the_users_profiler_runs(tmp_path: Path) -> None:
+    r = run_script("user_profiler", tmp_path)
+    refusal = r["state"]["burst"]["last_refusal"]
+    assert refusal is not None and "another profiler" in refusal["reason"]
+    assert r["state"]["burst"]["last"] is None
+    assert r["steps_during"] > 10  # the training went on
+
+
+def test_a_process_without_steps_gets_a_time_window_burst(tmp_path: Path) -> None:
+    last = run_script("window", tmp_path)["state"]["burst"]["last"]
+    assert last["mode"] == "window" and last.get("error") is None and last["events"] > 0
+
+
+def test_twenty_bursts_in_a_row_keep_rss_bounded(tmp_path: Path) -> None:
+    rss = run_script("bursts20", tmp_path)["rss"]
+    assert len(rss) == 20 and all(r[2] is None for r in rss)
+    assert [r[3] for r in rss] == [None] * 20  # none refused
+    growth_last10 = rss[-1][1] - rss[10][0]
+    growth_all = rss[-1][1] - rss[0][0]
+    assert growth_last10 < 8e6, growth_last10  # measured here: < 1 MB
+    assert growth_all < 40e6, growth_all  # measured here: ~6 MB

@@ -1,0 +1,103 @@
+"""The in-process hook: measures steps and DataLoader waits from inside the training, and runs
+short ``torch.profiler`` bursts on request.
+
+``torchwatch run`` pre-loads it (a ``sitecustomize`` on ``PYTHONPATH``, see ``boot/``); anyone
+who starts the training themselves can call :func:`install` at the top of the script, and
+``torchwatch attach PID`` then finds it. Standard library only: ``torch`` is patched when the
+user's code imports it, never imported by the hook.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = ["install", "should_install"]
+
+# Python processes that are not the training even though they inherit its environment.
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
+_LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
+
+
+def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
+    """Whether this process is a training process the hook belongs in.
+
+    Not in multiprocessing children (spawned DataLoader workers, the forkserver, the resource
+    tracker) nor in launchers (torchrun, accelerate, deepspeed), whose ranks get it instead.
+    Forked DataLoader workers are handled at fork time (``os.register_at_fork``).
+
+    Args:
+        argv: the interpreter's full command line; default ``sys.orig_argv``.
+
+    Returns:
+        ``(yes, reason when not)``.
+    """
+    args = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
+    if "--multiprocessing-fork" in args:
+        return False, "multiprocessing child"
+    for i, a in enumerate(args[:-1]):
+        if a == "-c" and "multiprocessing" in args[i + 1]:
+            return False, "multiprocessing helper (forkserver / resource tracker)"
+        if a == "-m" and args[i + 1] in _LAUNCHER_MODULES:
+            return False, f"launcher ({args[i + 1]})"
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is not None and getattr(mp.current_process(), "_inheriting", False):
+        return False, "multiprocessing child (spawn)"
+    script = next((a for a in args[1:] if not a.startswith("-")), "")
+    if os.path.basename(script) in _LAUNCHER_SCRIPTS:
+        return False, f"launcher ({os.path.basename(script)})"
+    return True, ""
+
+
+def _env_signal() -> int:
+    name = os.environ.get("TORCHWATCH_SIGNAL", "SIGUSR2").upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    return int(getattr(signal, name, signal.SIGUSR2))
+
+
+def _env_burst_at() -> tuple[int, ...]:
+    out = []
+    for part in os.environ.get("TORCHWATCH_BURST_AT", "").split(","):
+        if part.strip().isdigit():
+            out.append(int(part))
+    return tuple(out)
+
+
+def install(
+    signum: int | None = None, burst_at: Iterable[int] | None = None, directory: str | os.PathLike[str] | None = None
+) -> bool:
+    """Install the hook in this process (idempotent). Never raises.
+
+    Args:
+        signum: the signal that asks for a profiler burst; default ``$TORCHWATCH_SIGNAL`` or SIGUSR2.
+            If the training already handles it, bursts are off (and the state says so).
+        burst_at: optimizer step counts at which to run a burst by itself; default
+            ``$TORCHWATCH_BURST_AT`` (comma-separated).
+        directory: where to publish; default :func:`torchwatch.hook.publish.base_dir`.
+
+    Returns:
+        True when the hook is installed (now, or when torch is imported); False in a process it
+        does not belong in (DataLoader worker, launcher) or when it could not start.
+    """
+    try:
+        from torchwatch.hook import publish, runtime
+
+        if runtime.current() is not None:
+            return True
+        ok, _why = should_install()
+        if not ok:
+            return False
+        base = Path(directory) if directory is not None else publish.base_dir()
+        runtime.start(
+            _env_signal() if signum is None else int(signum),
+            _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at),
+            base,
+        )
+        return True
+    except Exception as exc:  # the training comes first
+        sys.stderr.write(f"torchwatch hook: not installed: {exc!r}\n")
+        return False

@@ -1,0 +1,521 @@
+"""The hook's machinery inside the training process. Standard library only; torch lazily.
+
+What runs on the training's hot path, and its cost (measured by ``bench/hook_cost.py``):
+
+- the optimizer step post hook (``torch.optim.optimizer.register_optimizer_step_post_hook``):
+  one clock read and an in-place counter update, a few microseconds;
+- a wrapper around ``_BaseDataLoaderIter.__next__``: two clock reads and two counter updates
+  per batch;
+- a wrapper around ``DataLoader._get_iterator``: reads the loader's settings once per iterator.
+
+Everything else (``hook.json`` rewrites, burst summaries) happens on rare events or in a
+background thread. Every entry point catches its own errors and records them in the state:
+the hook never raises into the user's code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+from torchwatch.hook import publish
+from torchwatch.hook.burst import Burster, BurstParams
+
+MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
+MAX_ERRORS = 10
+
+_active = False  # module global: the cheapest check in the wrappers; False in forked children
+
+
+def _monotonic() -> float:
+    return time.monotonic()
+
+
+def _batch_bytes(batch: Any, torch: Any, depth: int = 0, budget: list[int] | None = None) -> int:
+    """Bytes of the tensors in a batch (tuples, lists, dicts nested up to 4 deep, 1000 items)."""
+    budget = [1000] if budget is None else budget
+    if budget[0] <= 0 or depth > 4:
+        return 0
+    budget[0] -= 1
+    if isinstance(batch, torch.Tensor):
+        return int(batch.element_size() * batch.nelement())
+    if isinstance(batch, dict):
+        return sum(_batch_bytes(v, torch, depth + 1, budget) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_batch_bytes(v, torch, depth + 1, budget) for v in batch)
+    return 0
+
+
+def _loader_settings(loader: Any) -> dict[str, Any]:
+    """The DataLoader's settings as the user passed them (the iterator's own ``_pin_memory`` is
+    False on a CPU-only machine even when the user asked for pinning)."""
+    ctx = getattr(loader, "multiprocessing_context", None)
+    ctx_name = getattr(ctx, "_name", None) if ctx is not None else None
+    collate = getattr(loader, "collate_fn", None)
+    return {
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "batch_size": getattr(loader, "batch_size", None),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "multiprocessing_context": ctx_name,
+        "dataset": type(getattr(loader, "dataset", None)).__name__,
+        "collate_fn": getattr(collate, "__name__", type(collate).__name__),
+    }
+
+
+class _LoaderRecord:
+    __slots__ = ("batch_bytes", "batches", "key", "settings", "wait_s")
+
+    def __init__(self, key: int, settings: dict[str, Any]) -> None:
+        self.key = key
+        self.settings = settings
+        self.batches = 0
+        self.wait_s = 0.0
+        self.batch_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.settings,
+            "batches": self.batches,
+            "wait_s": round(self.wait_s, 4),
+            "batch_bytes": self.batch_bytes,
+        }
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls back once the user's code has imported ``torch`` (never imports it itself)."""
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        watcher = self
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: ModuleType) -> None:
+                loader.exec_module(module)
+                # put the real loader back, so nothing downstream sees ours
+                module.__loader__ = loader
+                if module.__spec__ is not None:
+                    module.__spec__.loader = loader
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(watcher)
+                watcher.callback(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+class Hook:
+    """The hook of one training process. Create through :func:`torchwatch.hook.install`.
+
+    Args:
+        directory: the per-user base directory (see :func:`publish.base_dir`).
+        signum: the signal that asks for a burst (SIGUSR2 by default).
+        burst_at: optimizer step counts at which to run a burst without a signal.
+    """
+
+    def __init__(self, directory: Path, signum: int, burst_at: tuple[int, ...]) -> None:
+        self.pid = os.getpid()
+        self.dir = directory / str(self.pid)
+        self.signum = signum
+        self.burst_at = tuple(sorted(set(burst_at)))
+        self.started = _monotonic()
+        self.torch: Any = None
+        self.counters: publish.Counters | None = None
+        self.burster: Burster | None = None
+        self.errors: list[str] = []
+        self.loaders: dict[int, _LoaderRecord] = {}
+        self.amp: dict[str, Any] = {"autocast": False, "dtype": None, "device_type": None, "grad_scaler": False}
+        self.signal_owned = False
+        self.usable_cpus: float | None = None
+        self.shm_bytes: int | None = None
+        self._handler_ref: Any = None
+        self._previous_handler: Any = None
+        self._step_opt: weakref.ref[Any] | None = None
+        self._last_step_t = 0.0
+        self._wait_since_step = 0.0
+        self._last_check = 0.0
+        self._unpatch: list[Any] = []
+        self._hook_handle: Any = None
+
+    # -- activation -----------------------------------------------------------------------
+    def on_torch(self, torch: Any) -> None:
+        """``torch`` was imported: patch it, create the published files, take the signal."""
+        global _active
+        if self.torch is not None or os.getpid() != self.pid:
+            return
+        self.torch = torch
+        try:
+            publish.ensure_private_dir(self.dir, levels=2)
+            self.counters = publish.Counters(self.dir / publish.COUNTERS_FILE, self.pid)
+        except OSError as exc:
+            sys.stderr.write(f"torchwatch hook: off, cannot write {self.dir}: {exc}\n")
+            return
+        from torchwatch.cpus import usable_cpus
+
+        self.usable_cpus = usable_cpus()
+        with contextlib.suppress(OSError):
+            st = os.statvfs("/dev/shm")
+            self.shm_bytes = st.f_frsize * st.f_blocks
+        self.burster = Burster(torch, self.pid, self._interrupt_main, self.publish, self.step_durations)
+        _active = True
+        self._patch(torch)
+        self._take_signal()
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(self.close)
+        self.publish()
+
+    def _patch(self, torch: Any) -> None:
+        try:
+            import torch.optim.optimizer as optim_mod
+
+            self._hook_handle = optim_mod.register_optimizer_step_post_hook(self._on_step)
+        except Exception as exc:
+            self.error(f"no step hook: {exc!r}")
+        try:
+            self._patch_dataloader(torch)
+        except Exception as exc:
+            self.error(f"no DataLoader wrapper: {exc!r}")
+        try:
+            self._patch_amp(torch)
+        except Exception as exc:
+            self.error(f"no AMP detection: {exc!r}")
+
+    def _patch_dataloader(self, torch: Any) -> None:
+        import torch.utils.data.dataloader as dl
+
+        base = dl._BaseDataLoaderIter
+        orig_next = base.__next__
+        orig_get = dl.DataLoader._get_iterator
+        hook = self
+
+        def __next__(it: Any) -> Any:
+            if not _active:
+                return orig_next(it)
+            t0 = time.monotonic()
+            counters = hook.counters
+            if counters is not None:
+                counters.next_started(t0)
+            try:
+                batch = orig_next(it)
+            except BaseException:
+                if counters is not None:
+                    counters.in_next_since = 0.0
+                raise
+            hook.on_batch(it, t0, time.monotonic(), batch)
+            return batch
+
+        def _get_iterator(loader: Any) -> Any:
+            it = orig_get(loader)
+            if _active:
+                try:
+                    it._torchwatch_loader = hook.loader_record(loader)
+                except Exception as exc:
+                    hook.error(f"DataLoader settings: {exc!r}")
+            return it
+
+        __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]
+        _get_iterator.__wrapped__ = orig_get  # type: ignore[attr-defined]
+        base.__next__ = __next__
+        dl.DataLoader._get_iterator = _get_iterator
+        self._unpatch += [(base, "__next__", orig_next), (dl.DataLoader, "_get_iterator", orig_get)]
+
+    def _patch_amp(self, torch: Any) -> None:
+        """Record the first enabled ``autocast`` and ``GradScaler``, then put the originals back."""
+        import torch.amp.autocast_mode as am
+
+        cls = am.autocast
+        orig_enter = cls.__enter__
+        hook = self
+
+        def __enter__(ctx: Any) -> Any:
+            result = orig_enter(ctx)
+            if getattr(ctx, "_enabled", False) and _active:
+                with contextlib.suppress(Exception):
+                    hook.amp.update(
+                        autocast=True, dtype=str(ctx.fast_dtype).replace("torch.", ""), device_type=ctx.device
+                    )
+                    cls.__enter__ = orig_enter
+                    hook.publish()
+            return result
+
+        cls.__enter__ = __enter__
+        self._unpatch.append((cls, "__enter__", orig_enter))
+        try:
+            import torch.amp.grad_scaler as gs
+        except ImportError:
+            return
+        scaler = gs.GradScaler
+        orig_scale = scaler.scale
+
+        def scale(sc: Any, outputs: Any) -> Any:
+            if getattr(sc, "_enabled", False) and _active:
+                with contextlib.suppress(Exception):
+                    hook.amp["grad_scaler"] = True
+                    scaler.scale = orig_scale
+                    hook.publish()
+            return orig_scale(sc, outputs)
+
+        scaler.scale = scale
+        self._unpatch.append((scaler, "scale", orig_scale))
+
+    def _take_signal(self) -> None:
+        """Install the burst signal handler, unless the training already handles that signal."""
+        if threading.current_thread() is not threading.main_thread():
+            self.error("torch was imported outside the main thread: bursts are off")
+            return
+        try:
+            current = signal.getsignal(self.signum)
+        except (ValueError, OSError) as exc:
+            self.error(f"cannot read the handler of signal {self.signum}: {exc}")
+            return
+        if current not in (signal.SIG_DFL, None):
+            name = signal.Signals(self.signum).name
+            self.error(f"{name} is already handled by the training: bursts are off (set TORCHWATCH_SIGNAL)")
+            return
+        self._handler_ref = self._on_signal
+        self._previous_handler = current
+        signal.signal(self.signum, self._handler_ref)
+        self.signal_owned = True
+
+    # -- hot path -------------------------------------------------------------------------
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not _active:
+            return
+        try:
+            tracked = self._step_opt() if self._step_opt is not None else None
+            if tracked is None:
+                self._step_opt = weakref.ref(optimizer)
+            elif tracked is not optimizer:
+                return  # a second optimizer in the same iteration (GAN, ...): one step per iteration
+            now = time.monotonic()
+            counters = self.counters
+            if counters is None:
+                return
+            duration = now - self._last_step_t if self._last_step_t else None
+            counters.step(now, duration, self._wait_since_step)
+            self._wait_since_step = 0.0
+            self._last_step_t = now
+            burster = self.burster
+            if burster is not None:
+                if burster.state != "idle":
+                    burster.on_step(now)
+                    # Starting or stepping the profiler is our cost, not the next step's: the next
+                    # step starts when it is done (so it lines up with the trace's ProfilerStep span).
+                    self._last_step_t = time.monotonic()
+                elif self.burst_at and counters.steps in self.burst_at:
+                    burster.request(BurstParams.from_request(None), now, True, "scheduled")
+            if now - self._last_check > 1.0:
+                self._last_check = now
+                self._check_signal()
+        except Exception as exc:
+            self.error(f"step hook: {exc!r}")
+
+    def on_batch(self, it: Any, t0: float, t1: float, batch: Any) -> None:
+        """A batch arrived: ``__next__`` ran from ``t0`` to ``t1`` (monotonic s)."""
+        try:
+            waited = t1 - t0
+            self._wait_since_step += waited
+            if self.counters is not None:
+                self.counters.next_ended(t1, waited)
+            rec = getattr(it, "_torchwatch_loader", None)
+            if rec is not None:
+                rec.batches += 1
+                rec.wait_s += waited
+                if rec.batch_bytes is None:
+                    rec.batch_bytes = _batch_bytes(batch, self.torch)
+                    self.publish()
+        except Exception as exc:
+            self.error(f"DataLoader wrapper: {exc!r}")
+
+    def loader_record(self, loader: Any) -> _LoaderRecord:
+        """The record of ``loader`` (created on its first iterator; at most :data:`MAX_LOADERS`)."""
+        key = id(loader)
+        rec = self.loaders.get(key)
+        if rec is None:
+            rec = _LoaderRecord(key, _loader_settings(loader))
+            if len(self.loaders) >= MAX_LOADERS:
+                oldest = min(self.loaders.values(), key=lambda r: r.batches)
+                del self.loaders[oldest.key]
+            self.loaders[key] = rec
+            self.publish()
+        return rec
+
+    def step_durations(self, n: int) -> list[float]:
+        """Durations of the last ``n`` steps, s (oldest first)."""
+        snap = publish.read_counters(self.dir / publish.COUNTERS_FILE)
+        if snap is None or n <= 0:
+            return []
+        return [e[1] for e in snap.entries[-n:]]
+
+    # -- signals and bursts ---------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGUSR2 (or the configured signal): arm a burst, or advance one (timer callbacks)."""
+        if not _active:
+            return
+        try:
+            burster = self.burster
+            if burster is None:
+                return
+            now = time.monotonic()
+            if burster.state in ("armed", "running"):
+                burster.on_interrupt(now)
+                return
+            req = publish.read_json(self.dir / publish.REQUEST_FILE)
+            params = BurstParams.from_request(req)
+            stepping = self._last_step_t > 0 and now - self._last_step_t < max(2.0, params.arm_timeout_s)
+            burster.request(params, now, stepping, "signal")
+        except Exception as exc:
+            self.error(f"burst request: {exc!r}")
+
+    def _interrupt_main(self) -> bool:
+        """From a timer thread: run our signal handler in the main thread, without a real signal."""
+        if not _active or not self._check_signal():
+            return False
+        import _thread
+
+        try:
+            _thread.interrupt_main(self.signum)
+        except (ValueError, RuntimeError):
+            return False
+        return True
+
+    def _check_signal(self) -> bool:
+        """Whether our handler still owns the signal (the training may install its own later)."""
+        if self._handler_ref is None:
+            return False
+        try:
+            owned = signal.getsignal(self.signum) == self._handler_ref
+        except (ValueError, OSError):
+            owned = False
+        if owned != self.signal_owned:
+            self.signal_owned = owned
+            if not owned:
+                self.error("the training replaced the burst signal's handler: bursts are off")
+            self.publish()
+        return owned
+
+    # -- publishing -----------------------------------------------------------------------
+    def error(self, message: str) -> None:
+        """Record an error of the hook (shown by torchwatch); never raises."""
+        if len(self.errors) < MAX_ERRORS and message not in self.errors:
+            self.errors.append(message)
+            with contextlib.suppress(Exception):
+                self.publish()
+
+    def state(self) -> dict[str, Any]:
+        """Everything ``hook.json`` holds (see :mod:`torchwatch.hook.publish`)."""
+        loaders = sorted(self.loaders.values(), key=lambda r: r.batches, reverse=True)
+        burster = self.burster
+        return {
+            "schema": publish.SCHEMA,
+            "pid": self.pid,
+            "python": sys.version.split()[0],
+            "torch": getattr(self.torch, "__version__", None),
+            "started": self.started,
+            "signal": self.signum,
+            "signal_owned": self.signal_owned,
+            "burst_at": list(self.burst_at),
+            "usable_cpus": self.usable_cpus,
+            "shm_bytes": self.shm_bytes,
+            "cuda_initialized": self._cuda_initialized(),
+            "amp": dict(self.amp),
+            "dataloaders": [r.to_json() for r in loaders],
+            "burst": burster.public_state() if burster is not None else None,
+            "errors": list(self.errors),
+        }
+
+    def _cuda_initialized(self) -> bool:
+        with contextlib.suppress(Exception):
+            return bool(self.torch.cuda.is_initialized())
+        return False
+
+    def publish(self) -> None:
+        """Rewrite ``hook.json`` atomically; errors are swallowed (the training comes first)."""
+        if not _active or os.getpid() != self.pid:
+            return
+        with contextlib.suppress(Exception):
+            publish.write_json_atomic(self.dir / publish.STATE_FILE, self.state())
+
+    def close(self) -> None:
+        """At exit: stop a running burst, remove the published files (traces are kept)."""
+        global _active
+        if os.getpid() != self.pid:
+            return
+        with contextlib.suppress(Exception):
+            if self.burster is not None:
+                self.burster.close()
+        _active = False
+        if self.counters is not None:
+            self.counters.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_HOOK: Hook | None = None
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child (a DataLoader worker): the hook is off, the parent's files untouched."""
+    global _active
+    _active = False
+    hook = _HOOK
+    if hook is None:
+        return
+    hook.counters = None  # the mapping is shared with the parent: never write to it
+    if hook._handler_ref is not None:
+        with contextlib.suppress(Exception):
+            if signal.getsignal(hook.signum) == hook._handler_ref:
+                signal.signal(
+                    hook.signum, hook._previous_handler if hook._previous_handler is not None else signal.SIG_DFL
+                )
+    with contextlib.suppress(Exception):
+        if hook.burster is not None and hook.burster._timer is not None:
+            hook.burster._timer = None
+
+
+def current() -> Hook | None:
+    """The hook of this process, or ``None`` (never installed, or this is a forked child)."""
+    return _HOOK if _HOOK is not None and _HOOK.pid == os.getpid() else None
+
+
+def start(signum: int, burst_at: tuple[int, ...], directory: Path) -> Hook:
+    """Create the hook and patch torch now or when it is imported (see ``install``)."""
+    global _HOOK
+    hook = Hook(directory, signum, burst_at)
+    _HOOK = hook
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "optim"):
+        hook.on_torch(torch)
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher(hook.on_torch))
+    return hook
