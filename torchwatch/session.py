@@ -87,6 +87,7 @@ class Session:
         self.history: list[tuple[float, str]] = []  # (seconds since start, label) at each change
         self.ended_at: float | None = None
         self._chosen: int | None = None
+        self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
         opts = self.options
         self.proc = ProcSource(self.tree)
         self.pyspy = PySpySource(

@@ -117,7 +117,8 @@ def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
     session.start()
     status = _drive(session, child, opts, log_path)
     code = status if status is not None else 0
-    if code == 0 and _failed_on(session, opts):
+    # --fail-on decides unless the command failed by itself (not stopped by --duration or q)
+    if (code == 0 or session.stopped_target) and _failed_on(session, opts):
         return FAIL_ON_EXIT
     return code
 
@@ -169,7 +170,11 @@ def _drive(
             app = WatchApp(session, child=child, duration=opts.duration)
             app.run()
             if child is not None:
-                code = stop_tree(child, session.tree) if child.poll() is None else exit_status(child.returncode)
+                if child.poll() is None:
+                    session.stopped_target = True
+                    code = stop_tree(child, session.tree)
+                else:
+                    code = exit_status(child.returncode)
     except KeyboardInterrupt:
         if child is not None:
             # Ctrl-C reached the training too (same process group): give it time to stop itself.
@@ -191,7 +196,10 @@ def _headless(session: Session, child: subprocess.Popen[bytes] | None, opts: Wat
         if child is None and session.target_gone:
             return None
         if opts.duration is not None and now - start >= opts.duration:
-            return stop_tree(child, session.tree) if child is not None else None
+            if child is None:
+                return None
+            session.stopped_target = True
+            return stop_tree(child, session.tree)
         analysis = session.latest
         label = analysis.verdict.label if analysis else None
         if label != last_label or now - last_print >= STATUS_EVERY_S:

@@ -1,0 +1,153 @@
+"""The hook in real trainings started by torchwatch run: measurements, bursts, refusals, --fail-on."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.integration.conftest import DEMO, REPO, torchwatch
+from torchwatch.hook import publish
+from torchwatch.sources.hook import hook_dir
+
+pytestmark = pytest.mark.integration
+SMALL = Path(__file__).with_name("_small_train.py")
+
+
+def _start(tmp_path: Path, *args: str, duration: float = 40.0) -> tuple[subprocess.Popen[str], Path]:
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchwatch",
+            "run",
+            "--headless",
+            "--duration",
+            str(duration),
+            "--json",
+            str(out),
+            "--",
+            *args,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, out
+
+
+def _hooked_pid(root: int, min_steps: int, timeout: float = 60.0) -> int:
+    """The PID below ``root`` whose hook has counted ``min_steps`` optimizer steps."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            kids = psutil.Process(root).children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for p in kids:
+            snap = publish.read_counters(hook_dir(p.pid) / publish.COUNTERS_FILE)
+            if snap is not None and snap.steps >= min_steps:
+                return p.pid
+        time.sleep(0.3)
+    raise AssertionError(f"no hooked process with {min_steps} steps below {root}")
+
+
+def test_burst_on_the_dataloader_demo_agrees_with_the_always_on_measurements(tmp_path: Path) -> None:
+    proc, out = _start(tmp_path, sys.executable, str(DEMO / "dataloader_bound.py"), "--device", "cpu", duration=35.0)
+    try:
+        pid = _hooked_pid(proc.pid, min_steps=5)
+        burst_json = tmp_path / "burst.json"
+        b = torchwatch("burst", str(pid), "--json", str(burst_json), "--wait", "60", timeout=90)
+        assert b.code == 0, b.stderr
+        summary = json.loads(burst_json.read_text())
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the trace: gzip Chrome JSON with ProfilerStep# spans
+    with gzip.open(summary["trace_path"], "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")) == summary["steps"] >= 1
+    # categories sum to the step time the hook measured for the same steps, within 5 %
+    measured = sum(summary["measured_step_ms"]) / len(summary["measured_step_ms"])
+    assert sum(summary["breakdown_ms"].values()) == pytest.approx(measured, rel=0.05)
+    report = json.loads(out.read_text())
+    hook = report["hook"]
+    assert hook["steps"] > 5 and hook["steps_per_s"] > 0
+    assert hook["dataloader"]["num_workers"] == 0 and hook["dataloader"]["batch_size"] == 32
+    assert hook["last_burst"]["id"] == summary["id"]
+    # the burst's DataLoader share agrees with the always-on data-wait fraction within 10 points
+    assert abs(summary["breakdown_share"]["dataloader"] - hook["data_wait_fraction"]) <= 0.10
+    assert report["features"]["data_wait_fraction"] == pytest.approx(hook["data_wait_fraction"], abs=1e-3)
+    assert report["verdict"]["label"] == "dataloader-bound"
+    assert "training loop (measured in the process)" in stdout and "last burst #1" in stdout
+
+
+def test_no_signal_to_a_plain_python_process() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        r = torchwatch("burst", str(sleeper.pid), timeout=30)
+        assert r.code == 1 and r.stderr.count("\n") == 1 and "no hook" in r.stderr
+        assert "Traceback" not in r.stderr
+        time.sleep(0.5)
+        assert sleeper.poll() is None  # still alive
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_burst_refused_while_the_users_profiler_runs_and_training_goes_on(tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path, sys.executable, str(SMALL), "--user-profiler", "--seconds", "25", duration=40.0)
+    try:
+        pid = _hooked_pid(proc.pid, min_steps=5)
+        r = torchwatch("burst", str(pid), "--wait", "20", timeout=40)
+        assert r.code == 1 and "another profiler" in r.stderr, r.stderr
+        before = publish.read_counters(hook_dir(pid) / publish.COUNTERS_FILE)
+        time.sleep(1.5)
+        after = publish.read_counters(hook_dir(pid) / publish.COUNTERS_FILE)
+        assert before is not None and after is not None and after.steps > before.steps  # still training
+        stdout, _ = proc.communicate(timeout=90)
+        assert "small_train:" in stdout  # it finished by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_burst_at_schedules_a_burst_and_fail_on_sets_the_exit_code(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    r = torchwatch(
+        "run",
+        "--headless",
+        "--duration",
+        "12",
+        "--burst-at",
+        "20",
+        "--fail-on",
+        "undetermined,cpu-bound",
+        "--json",
+        str(out),
+        "--",
+        sys.executable,
+        str(SMALL),
+        "--seconds",
+        "60",
+        json_path=out,
+        timeout=90,
+    )
+    assert r.report is not None
+    last = r.report["hook"]["last_burst"]
+    assert last is not None and last.get("error") is None and last["steps"] == 3
+    label = r.report["verdict"]["label"]
+    assert (r.code == 3) is (label in ("undetermined", "cpu-bound")), (r.code, label)
+    assert r.code in (0, 3)
+    assert signal.SIGUSR2  # the scheduled burst needed no signal at all
