@@ -71,6 +71,22 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "loop_cpu_share",
     ),
     "loop-sleeps": ({"main_sleep_share": 0.6}, {"main_sleep_share": 0.1}, "main_sleep_share"),
+    "loop-host-sync": (
+        {"burst_sync_per_step": 2.0, "burst_gpu_idle_share": 0.45, "burst_age_s": 20.0},
+        {"burst_sync_per_step": 2.0, "burst_gpu_idle_share": 0.05, "burst_age_s": 20.0},
+        "burst_gpu_idle_share",  # a CPU run: no device events in the burst
+    ),
+    "loop-tiny-ops": (
+        {"burst_cpu_ops_per_step": 9000.0, "loop_cpu_share": 0.8, "burst_age_s": 20.0},
+        {"burst_cpu_ops_per_step": 300.0, "loop_cpu_share": 0.8, "burst_age_s": 20.0},
+        "burst_cpu_ops_per_step",  # no burst yet
+    ),
+    "dataloader-shm": (
+        # 4 workers x 2 batches x 40 MB in flight, 64 MB /dev/shm (a container's default)
+        {"dl_num_workers": 4.0, "dl_prefetch_factor": 2.0, "dl_batch_bytes": 40e6, "shm_bytes": 64e6},
+        {"dl_num_workers": 4.0, "dl_prefetch_factor": 2.0, "dl_batch_bytes": 40e6, "shm_bytes": 16e9},
+        "shm_bytes",
+    ),
     "loop-waits-elsewhere": (
         {"main_sync_share": 0.8},
         {"main_sync_share": 0.8, "data_wait_share": 0.5},
@@ -317,3 +333,24 @@ def test_lower_label_waits_while_a_higher_one_is_settling() -> None:
     assert "loader-cpu-in-main-thread" in ids(settling)
     assert settling.verdict.label == "undetermined"
     assert d.evaluate(both, 4.0).verdict.label == "io-bound"
+
+
+def test_fixes_quote_the_loaders_real_settings() -> None:
+    f = features(
+        fetch_cpu_share=0.8, usable_cpus=16.0, worker_count=0.0, dl_num_workers=0.0, dl_batch_size=64.0, dl_pin_memory=0.0
+    )
+    d = Diagnoser([RULES["loader-cpu-in-main-thread"]])
+    d.evaluate(f, 0.0)
+    fixes = d.evaluate(f, 10.0).findings[0].fixes
+    assert fixes[0].detail.startswith("num_workers=0, batch_size=64, pin_memory=False on 16 usable CPUs: try num_workers=15")
+
+
+def test_amp_fix_only_when_autocast_is_not_on() -> None:
+    def titles(**extra: float) -> list[str]:
+        f = features(gpu_util_mean=97.0, data_wait_share=0.05, gpu_mem_ratio=0.5, **extra)
+        d = Diagnoser([RULES["gpu-saturated"]])
+        d.evaluate(f, 0.0)
+        return [fx.title for fx in d.evaluate(f, 10.0).findings[0].fixes]
+
+    assert "Use bf16/fp16 autocast (AMP)" in titles(amp_enabled=0.0)
+    assert "Use bf16/fp16 autocast (AMP)" not in titles(amp_enabled=1.0)
