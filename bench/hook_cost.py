@@ -142,11 +142,13 @@ def main() -> int:
     calls = per_call_us()
     result["per_call"] = calls
     print(
-        f"per call: optimizer step hook {calls['step_hook_us']:.1f} us, __next__ wrapper +{calls['next_wrapper_us']:.1f} us"
+        f"per call: optimizer step hook {calls['step_hook_us']:.1f} us, "
+        f"__next__ wrapper +{calls['next_wrapper_us']:.1f} us"
     )
 
     print(
-        f"\n{'demo':17s} {'alone':>8s} {'hooked':>8s} {'ratio':>6s}  (medians of {args.pairs} interleaved pairs, {args.seconds:g} s each)"
+        f"\n{'demo':17s} {'alone':>8s} {'hooked':>8s} {'ratio':>6s}  "
+        f"(medians of {args.pairs} interleaved pairs, {args.seconds:g} s each)"
     )
     result["demos"] = []
     for demo in args.demos.split(","):
@@ -171,12 +173,14 @@ def main() -> int:
         bc = burst_cost(args.bursts, seconds=60 + 8 * args.bursts)
         result["burst_cost"] = bc
         print(
-            f"\n{'burst':>5s} {'extra wall s':>12s} {'step s':>7s} {'trace MB':>8s} {'gz MB':>6s} {'summary s':>9s} {'RSS MB':>7s}"
+            f"\n{'burst':>5s} {'extra wall s':>12s} {'step s':>7s} {'trace MB':>8s} {'gz MB':>6s} "
+            f"{'summary s':>9s} {'RSS MB':>7s}"
         )
         for r in bc["bursts"]:
             print(
-                f"{r['id']!s:>5s} {r['extra_wall_s']:12.3f} {r['normal_step_s']:7.3f} {(r['trace_bytes'] or 0) / 1e6:8.2f} "
-                f"{(r['trace_gz_bytes'] or 0) / 1e6:6.2f} {r['summary_s'] or 0:9.3f} {(r['rss_after_bytes'] or 0) / 1e6:7.1f}"
+                f"{r['id']!s:>5s} {r['extra_wall_s']:12.3f} {r['normal_step_s']:7.3f} "
+                f"{(r['trace_bytes'] or 0) / 1e6:8.2f} {(r['trace_gz_bytes'] or 0) / 1e6:6.2f} "
+                f"{r['summary_s'] or 0:9.3f} {(r['rss_after_bytes'] or 0) / 1e6:7.1f}"
                 + (f"  error: {r['error']}" if r["error"] else "")
             )
     if args.json:

@@ -112,14 +112,15 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
                 break
         else:
             return None
-        loader = spec.loader
+        loader: Any = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         watcher = self
 
         class _Loader(importlib.abc.Loader):
             def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-                return loader.create_module(spec)
+                module: ModuleType | None = loader.create_module(spec)
+                return module
 
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
@@ -212,8 +213,9 @@ class Hook:
             self.error(f"no AMP detection: {exc!r}")
 
     def _patch_dataloader(self, torch: Any) -> None:
-        import torch.utils.data.dataloader as dl
+        import importlib
 
+        dl: Any = importlib.import_module("torch.utils.data.dataloader")
         base = dl._BaseDataLoaderIter
         orig_next = base.__next__
         orig_get = dl.DataLoader._get_iterator
@@ -252,8 +254,9 @@ class Hook:
 
     def _patch_amp(self, torch: Any) -> None:
         """Record the first enabled ``autocast`` and ``GradScaler``, then put the originals back."""
-        import torch.amp.autocast_mode as am
+        import importlib
 
+        am: Any = importlib.import_module("torch.amp.autocast_mode")
         cls = am.autocast
         orig_enter = cls.__enter__
         hook = self
@@ -272,7 +275,7 @@ class Hook:
         cls.__enter__ = __enter__
         self._unpatch.append((cls, "__enter__", orig_enter))
         try:
-            import torch.amp.grad_scaler as gs
+            gs: Any = importlib.import_module("torch.amp.grad_scaler")
         except ImportError:
             return
         scaler = gs.GradScaler
@@ -405,7 +408,7 @@ class Hook:
         import _thread
 
         try:
-            _thread.interrupt_main(self.signum)
+            _thread.interrupt_main(signal.Signals(self.signum))
         except (ValueError, RuntimeError):
             return False
         return True
@@ -415,7 +418,7 @@ class Hook:
         if self._handler_ref is None:
             return False
         try:
-            owned = signal.getsignal(self.signum) == self._handler_ref
+            owned = bool(signal.getsignal(self.signum) == self._handler_ref)
         except (ValueError, OSError):
             owned = False
         if owned != self.signal_owned:

@@ -1,0 +1,140 @@
+"""What torchwatch itself uses: each sampler's CPU share, and the whole tool on a 72-process tree.
+
+    python bench/footprint.py [--seconds 20] [--json out.json]
+
+1. Per sampler, alone, on ``demo/dataloader_bound.py`` (hook pre-loaded): CPU % of one core
+   (this process's threads, plus py-spy's children reaped with wait4) at several rates, so the
+   defaults are chosen from data.
+2. The whole tool (``torchwatch attach --headless``, defaults) on a synthetic tree of 8 training
+   processes x 8 workers (``bench/_tree.py``): CPU % of one core and peak RSS, from the report's
+   ``self`` key. Budget (issue 6): <= 15 % of a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from torchwatch.session import Session, SessionOptions  # noqa: E402
+from torchwatch.watch import hook_env  # noqa: E402
+
+
+def _cpu_s() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int) -> float:
+    """CPU % of one core used by one source sampling ``pid`` for ``seconds``."""
+    s = Session(pid, [], opts)
+    src = {"psutil": s.proc, "hook": s.hook, "py-spy": s.pyspy}.get(name) or next(
+        x for x in s.sources if x.name == name
+    )
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            s.store.add(src.sample(t0))
+            stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
+
+    if name == "threads":
+        s.proc.sample(time.monotonic())  # roles and tree, as the session would have them
+    c0, p0, t0 = _cpu_s(), s.pyspy.cpu_s, time.monotonic()
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    time.sleep(seconds)
+    stop.set()
+    th.join(10)
+    src.close()
+    used = (_cpu_s() - c0) + (s.pyspy.cpu_s - p0)
+    return 100.0 * used / (time.monotonic() - t0)
+
+
+def whole_tool_on_tree(seconds: float) -> dict[str, Any]:
+    """``torchwatch attach --headless`` on bench/_tree.py: the report's ``self`` key."""
+    tree = subprocess.Popen([sys.executable, str(REPO / "bench" / "_tree.py"), "--seconds", str(seconds + 30)])
+    try:
+        time.sleep(5)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torchwatch",
+                    "attach",
+                    "--headless",
+                    "--duration",
+                    str(seconds),
+                    "--json",
+                    str(out),
+                    str(tree.pid),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                check=False,
+            )
+            report = json.loads(out.read_text())
+        import psutil
+
+        procs = 1 + len(psutil.Process(tree.pid).children(recursive=True))
+    finally:
+        tree.terminate()
+        subprocess.run(["pkill", "-f", "bench/_tree.py"], check=False)
+    return {"processes": procs, **report["self"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    configs = [
+        ("psutil", "1 Hz", SessionOptions()),
+        ("threads", "10 Hz", SessionOptions(thread_interval_s=0.1)),
+        ("threads", "5 Hz", SessionOptions(thread_interval_s=0.2)),
+        ("hook", "2 Hz", SessionOptions()),
+        ("nvml", "1 Hz", SessionOptions()),
+        ("py-spy", "20 Hz, 3 s chunks", SessionOptions(pyspy_rate=20, pyspy_chunk_s=3.0)),
+        ("py-spy", "10 Hz, 3 s chunks", SessionOptions(pyspy_rate=10, pyspy_chunk_s=3.0)),
+        ("py-spy", "10 Hz, 6 s chunks", SessionOptions(pyspy_rate=10, pyspy_chunk_s=6.0)),
+    ]
+    demo = [sys.executable, str(REPO / "demo" / "dataloader_bound.py"), "--device", "cpu", "--seconds", "600"]
+    target = subprocess.Popen(demo, cwd=REPO, env=hook_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        time.sleep(8)  # past imports
+        print(f"{'sampler':8s} {'rate':18s} {'CPU % of a core':>16s}   (alone, {args.seconds:g} s on dataloader_bound)")
+        for name, rate, opts in configs:
+            pct = sampler_cost(name, opts, args.seconds, target.pid)
+            rows.append({"sampler": name, "rate": rate, "cpu_pct_of_core": round(pct, 2)})
+            print(f"{name:8s} {rate:18s} {pct:16.2f}")
+    finally:
+        target.kill()
+        target.wait()
+    tree = whole_tool_on_tree(args.seconds + 10)
+    print(
+        f"\nwhole tool, headless, on a tree of {tree['processes']} processes: "
+        f"{tree['cpu_pct_of_core']:.1f} % of a core "
+        f"(budget 15 %), peak RSS {tree['max_rss_bytes'] / 1e6:.0f} MB"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"samplers": rows, "tree": tree}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
