@@ -337,12 +337,19 @@ def test_lower_label_waits_while_a_higher_one_is_settling() -> None:
 
 def test_fixes_quote_the_loaders_real_settings() -> None:
     f = features(
-        fetch_cpu_share=0.8, usable_cpus=16.0, worker_count=0.0, dl_num_workers=0.0, dl_batch_size=64.0, dl_pin_memory=0.0
+        fetch_cpu_share=0.8,
+        usable_cpus=16.0,
+        worker_count=0.0,
+        dl_num_workers=0.0,
+        dl_batch_size=64.0,
+        dl_pin_memory=0.0,
     )
     d = Diagnoser([RULES["loader-cpu-in-main-thread"]])
     d.evaluate(f, 0.0)
     fixes = d.evaluate(f, 10.0).findings[0].fixes
-    assert fixes[0].detail.startswith("num_workers=0, batch_size=64, pin_memory=False on 16 usable CPUs: try num_workers=15")
+    assert fixes[0].detail.startswith(
+        "num_workers=0, batch_size=64, pin_memory=False on 16 usable CPUs: try num_workers=15"
+    )
 
 
 def test_amp_fix_only_when_autocast_is_not_on() -> None:
