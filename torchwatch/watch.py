@@ -167,14 +167,20 @@ def _drive(
         else:
             from torchwatch.tui.app import WatchApp
 
-            app = WatchApp(session, child=child, duration=opts.duration)
+            app = WatchApp(session, child=child, duration=opts.duration, log_path=log_path)
             app.run()
             if child is not None:
-                if child.poll() is None:
+                if child.poll() is not None:
+                    code = exit_status(child.returncode)
+                elif app.stop_training:  # "y" at the quit question, or --duration ran out
                     session.stopped_target = True
                     code = stop_tree(child, session.tree)
-                else:
-                    code = exit_status(child.returncode)
+                else:  # "n": the user left the training running
+                    print(
+                        f"torchwatch: the training (PID {child.pid}) keeps running; its output goes to {log_path}",
+                        file=sys.stderr,
+                    )
+                    code = None
     except KeyboardInterrupt:
         if child is not None:
             # Ctrl-C reached the training too (same process group): give it time to stop itself.

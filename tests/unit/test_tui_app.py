@@ -1,108 +1,401 @@
-"""The minimal live screen: verdict, findings with fixes, source statuses, exit, quit (Textual Pilot)."""
+"""The live app driven by Textual's Pilot over recorded readings: keys, drill-down, focus, exits."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
-from textual.widgets import Static
+from rich.console import Console
+from textual.widgets import Log, Static, TabbedContent
 
-from tests.unit.featuresets import consistent
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.features import CATALOGUE
+from tests.unit.test_tui_recorded import MAIN, NOW, FakeSession, HookedSession, recorded_session
 from torchwatch.readings import SourceStatus, Status
-from torchwatch.rules_engine import load_rules
+from torchwatch.tui import views
 from torchwatch.tui.app import WatchApp
+from torchwatch.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
+from torchwatch.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel
+
+Check = Callable[[WatchApp, Any], Awaitable[None]]
 
 
-def analysed(**values: float) -> Analysis:
-    f: dict[str, float | None] = {name: None for name in CATALOGUE}
-    f.update(stack_samples=100.0, thread_samples=50.0, **consistent(values))
-    d = Diagnoser(load_rules())
-    d.evaluate(f, 0.0)
-    return d.evaluate(f, 10.0)
+class FakeChild:
+    """A launched training as WatchApp sees it: pid, args, poll()."""
+
+    def __init__(self, code: int | None = None) -> None:
+        self.pid = 5151
+        self.args = ["python", "train.py"]
+        self.returncode = code
+
+    def poll(self) -> int | None:
+        return self.returncode
 
 
-@dataclass
-class _Tree:
-    root: int = 4242
+def run(session: Any, check: Check, size: tuple[int, int] = (100, 30), **kwargs: Any) -> WatchApp:
+    app = WatchApp(session, clock=lambda: NOW, **kwargs)
 
-
-@dataclass
-class FakeSession:
-    """What WatchApp reads from a session: recorded analyses and statuses, no sampling."""
-
-    latest: Analysis | None = None
-    last_alive: Analysis | None = None
-    target_gone: bool = False
-    tree: _Tree = field(default_factory=_Tree)
-    sources: dict[str, SourceStatus] = field(
-        default_factory=lambda: {
-            "psutil": SourceStatus.ok(),
-            "nvml": SourceStatus.unavailable("NVML library not found (no NVIDIA driver)", "install the driver"),
-        }
-    )
-
-    def statuses(self) -> dict[str, SourceStatus]:
-        return self.sources
-
-
-def text_of(app: WatchApp, selector: str) -> str:
-    widget = app.query_one(selector, Static)
-    return str(widget.render())
-
-
-def run(session: Any, check: Any) -> None:
     async def go() -> None:
-        app = WatchApp(session)
-        async with app.run_test(size=(100, 30)) as pilot:
+        async with app.run_test(size=size) as pilot:
             await pilot.pause()
             await check(app, pilot)
 
     asyncio.run(go())
+    return app
 
 
-def test_shows_verdict_fixes_and_source_status() -> None:
-    session = FakeSession(latest=analysed(fetch_cpu_share=0.8, worker_count=0.0, usable_cpus=8.0))
+def plain(renderable: Any, width: int = 200) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
 
+
+def text_of(app: WatchApp, selector: str) -> str:
+    return plain(app.screen.query_one(selector, Static).content)
+
+
+def test_verdict_first_with_the_top_fix_and_sources() -> None:
     async def check(app: WatchApp, pilot: Any) -> None:
         verdict = text_of(app, "#verdict")
-        assert "DATALOADER-BOUND" in verdict
+        assert verdict.startswith("dataloader-bound  confidence 0.95")
+        assert "2 DataLoader workers take 80% of the training's CPU" in verdict
         assert app.query_one("#verdict").has_class("dataloader-bound")
-        findings = text_of(app, "#findings-body")
-        assert "num_workers=0 on 8 usable CPUs: try num_workers=7" in findings
-        assert "nvml unavailable: NVML library not found (no NVIDIA driver)" in text_of(app, "#sources")
+        findings = app.query_one(FindingsList)
+        assert findings.has_focus and findings.option_count == 2
+        first = plain(findings.get_option_at_index(0).prompt)
+        assert "loader-cpu-contention → dataloader-bound" in first and "fix" in first and "evidence" in first
+        assert "nvml unavailable: NVML library not found" in text_of(app, "#sources")
 
-    run(session, check)
+    run(recorded_session(), check)
 
 
-def test_starting_then_live_update() -> None:
-    session = FakeSession()
+def test_starting_then_live_update_from_the_reader_thread() -> None:
+    recorded = recorded_session()
+    session = FakeSession(store=recorded.store)
 
     async def check(app: WatchApp, pilot: Any) -> None:
-        assert "starting" in text_of(app, "#verdict")
-        session.latest = analysed(storage_wait_share=0.6)
+        assert text_of(app, "#verdict").startswith("starting")
+        assert "No finding yet" in plain(app.query_one(FindingsList).get_option_at_index(0).prompt)
+        session.latest = recorded.latest  # the reader thread picks it up on its own
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if "dataloader-bound" in text_of(app, "#verdict"):
+                break
+        assert text_of(app, "#verdict").startswith("dataloader-bound")
+
+    app = run(session, check, refresh_s=0.02)
+    assert app._reader is not None and not app._reader.is_alive()  # joined on unmount
+
+
+def test_enter_drills_into_the_evidence_and_escape_comes_back() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("down", "enter")  # the second finding: loader-cpu-in-workers
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, EvidenceScreen) and screen.rule == "loader-cpu-in-workers"
+        table = text_of(app, "#ev-table")
+        assert "data_wait_queue_share" in table and "59%" in table and "waiting on DataLoader worker" in table
+        states = text_of(app, "#ev-states")
+        assert "loop thread (/proc, 10 Hz): sync 71% · running 29%" in states
+        assert "worker 4280 85% CPU 415 MB" in states
+        stacks = screen.query_one(StackTable)
+        assert {r.category for r in stacks.stack_rows} >= {"data/queue", "fetch"}
+        assert "forward" not in {r.category for r in stacks.stack_rows}  # only the stacks behind it
+        assert "D.__getitem__" in text_of(app, "#ev-frames")  # the highlighted row's stack
+        await pilot.press("tab", "down")
+        assert stacks.has_focus and "_BaseDataLoaderIter.__next__" in text_of(app, "#ev-frames")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, EvidenceScreen)
+
+    run(recorded_session(), check)
+
+
+def test_panels_by_tab_arrows_and_numbers_and_sortable_processes() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        tabs = app.query_one(TabbedContent)
+        assert tabs.active == "processes"  # NVML unavailable: the processes panel comes first
+        await pilot.press("right")
+        assert tabs.active == "stacks"
+        await pilot.press("left", "left")
+        assert tabs.active == "gpu"
+        assert "n/a: NVML library not found (no NVIDIA driver)" in text_of(app, "#gpu-note")
+        await pilot.press("2")
+        assert tabs.active == "processes"
+        await pilot.press("tab")  # findings → tab bar
+        await pilot.press("tab")  # → the panel's table
+        table = app.query_one(ProcessTable)
+        assert table.has_focus
+        assert [r.key.value for r in table.ordered_rows][:2] == ["4280", "4279"]  # by CPU
+        await pilot.press("s")  # by RSS
+        assert table.sort_key == "rss" and table.ordered_rows[0].key.value == str(MAIN)
+        await pilot.press("s", "s")  # by PID
+        assert [r.key.value for r in table.ordered_rows] == ["4236", "4250", "4279", "4280"]
+        # the cursor stays on its process across sorts and refreshes
+        assert table.ordered_rows[table.cursor_row].key.value == "4280"
+        await pilot.press("up", "up")
+        assert table.cursor_row == 1
+        await pilot.press("shift+tab", "shift+tab")
+        assert app.query_one(FindingsList).has_focus
+
+    run(recorded_session(), check)
+
+
+def test_updated_cells_widen_their_column() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        table = app.query_one(ProcessTable)
+        row = views.ProcessRow(1, "main", "python", 5.0, 12_000_000, 0.0, "R1", 1)
+        table.processes = (row,)
+        await pilot.pause()
+        wider = dataclasses.replace(row, rss_bytes=1_234_567_000_000)  # same row, wider text
+        table.processes = (wider,)
+        await pilot.pause()
+        assert str(table.get_cell("1", "rss")) == "1234.6 GB"
+        assert table.columns["rss"].content_width >= len("1234.6 GB")  # type: ignore[index]
+
+    run(recorded_session(), check)
+
+
+def test_stack_row_shows_its_whole_stack() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("3", "tab", "tab")
+        assert app.query_one(StackTable).has_focus
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, StackScreen) and app.screen.row.who == "worker"
+        await pilot.press("escape")
+
+    run(recorded_session(), check)
+
+
+def test_without_hook_burst_is_greyed_out_and_says_why() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app.check_action("burst", ()) is None  # shown, disabled
+        await pilot.press("b")
+        await pilot.pause()
+        messages = [n.message for n in app._notifications]
+        assert any("burst unavailable: no hook in the process" in m for m in messages)
+        await pilot.press("4")
+        steps = plain(app.query_one(StepsPanel).query_one("#steps-text", Static).content)
+        assert "steps: n/a: no hook in the process" in steps and "data wait 63% (py-spy estimate)" in steps
+
+    run(recorded_session(), check)
+
+
+def test_with_hook_b_requests_a_burst_and_shows_the_last_one() -> None:
+    session = recorded_session(hooked=True)
+    assert isinstance(session, HookedSession)
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app.check_action("burst", ()) is True
+        await pilot.press("b")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert session.burst_requests == 1
+        assert app.query_one(TabbedContent).active == "burst"
+        assert any("SIGUSR2 sent" in n.message for n in app._notifications)
+        burst = text_of(app, "#burst-text")
+        assert "burst #3: 5 steps · 312.5 ms/step · GPU idle 71%" in burst
+        assert "trace: /tmp/torchwatch-0/4236/burst-3.pt.trace.json" in burst
+        assert "dataloader 61%" in plain(app.query_one("#burst-bar").render())
+        ops = app.query_one("#burst-ops")
+        assert ops.row_count == 2  # type: ignore[attr-defined]
+        # a burst in flight greys b out again
+        session.hook = dict(session.hook or {}, burst={"state": "running"})
         app.refresh_view()
         await pilot.pause()
-        assert "IO-BOUND" in text_of(app, "#verdict")
+        assert app.check_action("burst", ()) is None
 
     run(session, check)
 
 
-def test_target_exit_keeps_last_verdict_and_q_quits() -> None:
-    alive = analysed(loop_cpu_share=0.9)
-    session = FakeSession(latest=analysed(), last_alive=alive)
+def test_nvml_available_shows_a_card_per_gpu() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app.query_one(TabbedContent).active == "gpu"
+        cards = app.query_one(GpuPanel).query(".gpu-text")
+        assert len(cards) == 2
+        first = plain(cards.first(Static).content)
+        assert "GPU 0 NVIDIA A100-SXM4-40GB  (used by the training)" in first
+        assert "power 171 / 400 W (43%)" in first and "memory 12.6 GB / 40.0 GB" in first
+        assert not app.query_one("#gpu-note").display
+
+    run(recorded_session(gpus=True), check)
+
+
+def test_target_exit_in_attach_keeps_the_last_verdict_and_q_quits() -> None:
+    base = recorded_session()
+    session = FakeSession(store=base.store, latest=None, last_alive=base.latest)
 
     async def check(app: WatchApp, pilot: Any) -> None:
         session.target_gone = True
+        session.ended_at = NOW - 5.0
         session.sources["psutil"] = SourceStatus(Status.GONE, "the target process exited")
         app.refresh_view()
         await pilot.pause()
         verdict = text_of(app, "#verdict")
-        assert "CPU-BOUND" in verdict and "exited" in verdict
-        await pilot.press("q")
+        assert verdict.startswith("dataloader-bound") and "The process exited" in verdict
+        assert "psutil gone" in text_of(app, "#sources")
+        await pilot.press("q")  # attach: nothing to stop, no question
         await pilot.pause()
         assert not app.is_running
 
+    app = run(session, check)
+    assert app.stop_training is False
+
+
+def test_run_mode_exit_code_is_shown() -> None:
+    child = FakeChild()
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        child.returncode = 3
+        app.refresh_view()
+        await pilot.pause()
+        assert "The training exited with status 3" in text_of(app, "#verdict")
+        assert app.check_action("burst", ()) is None
+        await pilot.press("q")  # already exited: no question
+        await pilot.pause()
+        assert not app.is_running
+
+    run(recorded_session(hooked=True), check, child=child)
+
+
+def _quit_with(keys: tuple[str, ...]) -> WatchApp:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, QuitScreen)
+        assert "The training (PID 5151) is still running" in text_of(app, "#quit-box Static")
+        await pilot.press(*keys)
+        await pilot.pause()
+
+    return run(recorded_session(), check, child=FakeChild())
+
+
+def test_q_in_run_mode_asks_and_y_stops_the_training() -> None:
+    app = _quit_with(("y",))
+    assert not app.is_running and app.stop_training is True
+
+
+def test_q_in_run_mode_n_leaves_the_training_running() -> None:
+    app = _quit_with(("n",))
+    assert not app.is_running and app.stop_training is False
+
+
+def test_q_in_run_mode_escape_stays() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("q")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.is_running and not isinstance(app.screen, QuitScreen)
+
+    run(recorded_session(), check, child=FakeChild())
+
+
+def test_pause_freezes_the_display_not_the_sampling() -> None:
+    recorded = recorded_session()
+    session = FakeSession(store=recorded.store)
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("p")
+        assert app.paused and "PAUSED" in str(app.query_one("#top").border_subtitle)
+        session.latest = recorded.latest
+        app.refresh_view()  # a snapshot arrives while paused
+        await pilot.pause()
+        assert text_of(app, "#verdict").startswith("starting")
+        await pilot.press("p")
+        await pilot.pause()
+        assert text_of(app, "#verdict").startswith("dataloader-bound")
+
     run(session, check)
+
+
+def test_e_writes_the_json_report(tmp_path: Path) -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("e")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+
+    run(recorded_session(), check, report_dir=tmp_path)
+    (path,) = tmp_path.glob(f"torchwatch-report-{MAIN}-*.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == "torchwatch.report/1" and data["verdict"]["label"] == "dataloader-bound"
+    assert data["target"] == {"pid": MAIN, "cmdline": ["python", "train.py"], "exit_code": None}
+    assert data["sources"]["nvml"]["status"] == "unavailable"
+    assert [h["label"] for h in data["verdict_history"]] == ["undetermined", "dataloader-bound"]
+
+
+def test_e_report_carries_the_hook_summary(tmp_path: Path) -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("e")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert any("report written to" in n.message for n in app._notifications)
+
+    run(recorded_session(hooked=True), check, report_dir=tmp_path, child=FakeChild())
+    (path,) = tmp_path.glob("torchwatch-report-5151-*.json")
+    data = json.loads(path.read_text())
+    assert data["target"]["cmdline"] == ["python", "train.py"]
+    if "hook" in data:  # reports that carry the hook's summary
+        assert data["hook"]["steps"] == 1234
+
+
+def test_question_mark_lists_every_binding() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        keys = {k for k, _ in app.screen.rows}
+        assert {"q", "?", "b", "p", "e", "tab / shift+tab", "enter (findings)", "s (processes)"} <= keys
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+    run(recorded_session(), check)
+
+
+def test_log_pane_tails_the_training_output(tmp_path: Path) -> None:
+    log = tmp_path / "training.log"
+    log.write_text("demo: step 1\n")
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        with open(log, "a") as f:
+            f.write("demo: step 2\nTraceback (most recent call last):\n")
+        view = app.query_one(Log)
+        for _ in range(100):
+            await pilot.pause(0.02)
+            if view.line_count >= 3:
+                break
+        assert list(view.lines)[:3] == ["demo: step 1", "demo: step 2", "Traceback (most recent call last):"]
+        assert str(log) in text_of(app, "#log-title")
+
+    run(recorded_session(), check, log_path=log, refresh_s=0.02)
+
+
+def test_resize_keeps_the_verdict_and_the_panels() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app.has_class("-short") and not app.has_class("-tall")
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        assert app.has_class("-tall") and not app.has_class("-short")
+        assert app.query_one("#findings").size.height > 6
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.query_one("#verdict").region.height >= 3
+        assert app.query_one("#panels").region.height >= 7
+        assert app.query_one("#panels").region.bottom <= 24
+
+    run(recorded_session(), check, size=(80, 24))
+
+
+def test_duration_ends_the_app() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        for _ in range(100):
+            if not app.is_running:
+                break
+            await pilot.pause(0.02)
+        assert not app.is_running
+
+    run(recorded_session(), check, duration=0.1)

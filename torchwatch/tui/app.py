@@ -1,112 +1,394 @@
-"""A first live screen: the verdict, the findings with evidence and fixes, the source statuses.
+"""The live TUI of ``torchwatch run`` and ``torchwatch attach``.
 
-The app polls :attr:`Session.latest` once a second (sampling runs in the session's own
-threads); it never calls psutil, NVML or py-spy.
+Verdict first: the top panel says what limits the training, how sure, and what to change;
+below it, tabs show the readings behind it (GPU, processes, stacks, steps, bursts, memory,
+the training's log). The app never calls psutil, NVML or py-spy: a reader thread that it
+starts on mount and joins on unmount reads the session once per refresh and posts a
+:class:`~torchwatch.tui.messages.SnapshotRead`; widgets change only from those messages.
 """
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import time
-from typing import ClassVar
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
 
-from rich.text import Text
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import VerticalScroll
-from textual.widgets import Footer, Header, Static
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import DataTable, Footer, Log, OptionList, Static, TabbedContent, TabPane
 
-from torchwatch.diagnosis import Analysis
-from torchwatch.report import format_value, status_text
-from torchwatch.session import Session
+from torchwatch import report
+from torchwatch.tui import render, views
+from torchwatch.tui.feed import LogTail, Reader
+from torchwatch.tui.messages import LogRead, ReaderFailed, SnapshotRead
+from torchwatch.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
+from torchwatch.tui.snapshot import Snapshot, WatchedSession, read_snapshot
+from torchwatch.tui.widgets import (
+    BurstPanel,
+    FindingsList,
+    GpuPanel,
+    MemoryPanel,
+    ProcessTable,
+    StackTable,
+    StepsPanel,
+    VerdictPanel,
+    show_text,
+)
 
-
-def verdict_text(analysis: Analysis | None, exited: str | None) -> Text:
-    """Rich text of the verdict panel: label, confidence, summary, and the exit line if any."""
-    text = Text()
-    if analysis is None:
-        text.append("starting: waiting for the first readings", style="dim")
-    else:
-        v = analysis.verdict
-        text.append(v.label.upper(), style="bold")
-        text.append(f"  confidence {v.confidence:.2f}\n")
-        text.append(v.summary)
-    if exited:
-        text.append(f"\n{exited}", style="bold yellow")
-    return text
-
-
-def findings_text(analysis: Analysis | None) -> Text:
-    """Rich text of every finding: summary, evidence and fixes."""
-    text = Text()
-    if analysis is None or not analysis.findings:
-        text.append("No finding yet.", style="dim")
-        return text
-    for f in analysis.findings:
-        text.append(f"[{f.severity}] {f.rule} → {f.label}\n", style="bold")
-        text.append(f"  {f.summary}\n")
-        ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items())
-        text.append(f"  evidence: {ev}\n", style="dim")
-        for fx in f.fixes:
-            text.append(f"  fix: {fx.title}: ", style="green")
-            text.append(f"{fx.detail}\n")
-    return text
+PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log")
+NAVIGATION_HELP = (
+    ("tab / shift+tab", "move between the findings, the panel tabs and the panel's rows"),
+    ("← / →", "previous / next panel (on the findings or the tabs)"),
+    ("↑ / ↓, page up / down", "move between rows"),
+    ("1 … 7", "show a panel: " + ", ".join(PANELS)),
+    ("enter (findings)", "the evidence behind a finding: its readings and stack samples"),
+    ("enter (stacks)", "the whole stack of a row"),
+    ("s (processes)", "sort by CPU, RSS, reads or PID"),
+    ("escape", "back / close"),
+)
 
 
 class WatchApp(App[None]):
-    """Live verdict screen for ``torchwatch run`` and ``torchwatch attach``.
+    """Live view of a watch session.
 
     Args:
-        session: a started session.
-        child: the launched command (``run``), stopped by the caller after the app exits.
+        session: a started :class:`~torchwatch.session.Session` (or an object shaped like one).
+        child: the launched command (``run``); ``q`` asks whether to stop it, and
+            :attr:`stop_training` tells the caller what the user chose.
         duration: seconds after which the app exits by itself, or ``None``.
+        log_path: the file the training's output goes to (``run``), tailed in the Log panel.
+        refresh_s: seconds between two reads of the session (the display's refresh).
+        clock: monotonic clock in seconds; tests freeze it.
+        report_dir: directory ``e`` writes the JSON report to (the current directory by default).
+
+    Attributes:
+        stop_training: after the app exits, whether the caller should stop the launched
+            training (``True`` unless the user quit with "leave it running").
     """
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "torchwatch"
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit (stops a launched training)")]
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit", tooltip="quit (run: asks whether to stop the training too)"),
+        Binding("question_mark", "help", "Keys", key_display="?", tooltip="this list of keys"),
+        Binding("b", "burst", "Burst", tooltip="profile a few training steps with torch.profiler (needs the hook)"),
+        Binding("p", "pause", "Pause", tooltip="pause / resume the display (sampling and analysis go on)"),
+        Binding("e", "export", "Report", tooltip="write the JSON report to torchwatch-report-PID-TIME.json here"),
+        Binding("left", "panel(-1)", "Previous panel", show=False),
+        Binding("right", "panel(1)", "Next panel", show=False),
+        *(Binding(str(i + 1), f"show_panel({i})", f"Show {name}", show=False) for i, name in enumerate(PANELS)),
+    ]
+    snapshot: reactive[Snapshot | None] = reactive(None)
+    paused: reactive[bool] = reactive(False)
 
     def __init__(
-        self, session: Session, child: subprocess.Popen[bytes] | None = None, duration: float | None = None
+        self,
+        session: WatchedSession,
+        child: subprocess.Popen[bytes] | None = None,
+        duration: float | None = None,
+        *,
+        log_path: Path | None = None,
+        refresh_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        report_dir: Path | None = None,
     ) -> None:
         super().__init__()
         self.session = session
         self.child = child
         self.duration = duration
-        self._start = time.monotonic()
+        self.log_path = log_path
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self.report_dir = report_dir
+        self.stop_training = child is not None
+        self.trends = views.Trends()
+        self._started = clock()
+        self._reader: Reader | None = None
+        self._pending: Snapshot | None = None
+        self._held_lines: deque[str] = deque(maxlen=2000)
 
+    # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        """Verdict panel, scrollable findings, source statuses, key footer."""
-        yield Header()
-        yield Static(id="verdict")
-        with VerticalScroll(id="findings"):
-            yield Static(id="findings-body")
+        """Verdict and findings on top, the panels in tabs, the source statuses, the key footer."""
+        with Vertical(id="top"):
+            yield VerdictPanel(id="verdict")
+            yield FindingsList(id="findings")
+        with TabbedContent(id="panels"):
+            with TabPane("GPU", id="gpu"):
+                yield GpuPanel(id="gpu-panel")
+            with TabPane("Processes", id="processes"), Vertical():
+                yield ProcessTable(id="process-table")
+                yield Static(
+                    "threads: R run · W wait · D disk · F file · S sleep · N socket · s: sort", classes="legend"
+                )
+            with TabPane("Stacks", id="stacks"):
+                yield StackTable(id="stack-table")
+            with TabPane("Steps", id="steps"):
+                yield StepsPanel(id="steps-panel")
+            with TabPane("Burst", id="burst"):
+                yield BurstPanel(id="burst-panel")
+            with TabPane("Memory", id="memory"):
+                yield MemoryPanel(id="memory-panel")
+            with TabPane("Log", id="log"), Vertical():
+                yield Static(id="log-title", classes="legend")
+                yield Log(id="log-view", max_lines=2000)
         yield Static(id="sources")
         yield Footer()
 
     def on_mount(self) -> None:
-        """Show the command, draw once, then redraw every second."""
-        self.sub_title = " ".join(self.child.args) if self.child is not None else f"PID {self.session.tree.root}"  # type: ignore[arg-type]
+        """Draw once, start the reader thread and the duration timer."""
+        self._size_classes(self.size.height)
+        top = self.query_one("#top")
+        top.border_title = f"torchwatch · {self._command()}"
+        self.query_one("#log-title", Static).update(self._log_title())
         self.refresh_view()
-        self.set_interval(1.0, self.refresh_view)
+        nvml = dict(self.snapshot.statuses).get("nvml") if self.snapshot else None
+        if nvml is None or nvml.status.value != "ok":
+            self.query_one(TabbedContent).active = "processes"
+        self.query_one(FindingsList).focus()
+        self._reader = Reader(
+            self._read, self.post_message, self.refresh_s, LogTail(self.log_path) if self.log_path else None
+        )
+        self._reader.start()
+        if self.duration is not None:
+            self.set_timer(self.duration, self.exit)
 
-    def _exited(self) -> str | None:
-        if self.child is not None and self.child.poll() is not None:
-            return f"The training exited with status {self.child.returncode}; last readings kept. Press q."
-        if self.child is None and self.session.target_gone:
-            return "The process exited; last readings kept. Press q."
-        return None
+    def on_unmount(self) -> None:
+        """Join the reader thread (the session's samplers belong to the caller)."""
+        if self._reader is not None:
+            self._reader.stop()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Keep the layout usable: fewer finding lines on short terminals, more on tall ones."""
+        self._size_classes(event.size.height)
+
+    def _size_classes(self, height: int) -> None:
+        self.set_class(height >= 40, "-tall")
+        self.set_class(height < 30, "-short")
+
+    def _command(self) -> str:
+        if self.child is not None:
+            args = self.child.args
+            return " ".join(str(a) for a in args) if isinstance(args, (list, tuple)) else str(args)
+        root = getattr(getattr(self.session, "tree", None), "root", None)
+        return f"PID {root}"
+
+    def _log_title(self) -> str:
+        if self.log_path is not None:
+            return f"the training's output, also in {self.log_path} (printed again when torchwatch exits)"
+        if self.child is not None:
+            return "the training's output is printed when torchwatch exits"
+        return "attach: the training writes to its own terminal; torchwatch cannot show its output"
+
+    # -- reading ------------------------------------------------------------------------------
+    def _read(self) -> Snapshot:
+        return read_snapshot(self.session, self.child, self.clock(), self.trends)
 
     def refresh_view(self) -> None:
-        """Redraw every panel from the session's latest analysis."""
-        exited = self._exited()
-        analysis = self.session.last_alive if exited else self.session.latest
-        panel = self.query_one("#verdict", Static)
-        panel.update(verdict_text(analysis, exited))
-        panel.set_classes(analysis.verdict.label if analysis else "")
-        self.query_one("#findings-body", Static).update(findings_text(analysis))
-        self.query_one("#sources", Static).update(
-            "  ".join(status_text(n, s) for n, s in self.session.statuses().items())
-        )
-        if self.duration is not None and time.monotonic() - self._start >= self.duration:
+        """Read the session now, on this thread, and draw it (first frame; tests)."""
+        self._show(self._read())
+
+    def on_snapshot_read(self, message: SnapshotRead) -> None:
+        """A new snapshot: draw it, or keep it for later while paused."""
+        self._show(message.snapshot)
+
+    def _show(self, snap: Snapshot) -> None:
+        if self.paused:
+            self._pending = snap
+        else:
+            self.snapshot = snap
+
+    def on_log_read(self, message: LogRead) -> None:
+        """New lines of the training's output (held while paused)."""
+        if self.paused:
+            self._held_lines.extend(message.lines)
+        else:
+            self.query_one(Log).write_lines(message.lines)
+
+    def on_reader_failed(self, message: ReaderFailed) -> None:
+        """Say that reading failed; the reader keeps trying."""
+        self.notify(message.error, severity="error", timeout=10)
+
+    def watch_snapshot(self, old: Snapshot | None, snap: Snapshot | None) -> None:
+        """Hand the verdict, the findings and the shown panel their part of the snapshot
+        (unchanged parts do not redraw; hidden panels catch up when shown)."""
+        if snap is None:
+            return
+        self.query_one(VerdictPanel).snapshot = snap
+        self.query_one(FindingsList).analysis = snap.analysis
+        self._fill_panel(self.query_one(TabbedContent).active, snap)
+        show_text(self.query_one("#sources", Static), render.sources_text(snap.statuses))
+        if isinstance(self.screen, EvidenceScreen):
+            self.screen.snapshot = snap
+        if old is None or old.burst.possible != snap.burst.possible:
+            self.refresh_bindings()
+
+    def _fill_panel(self, panel: str, snap: Snapshot) -> None:
+        if panel == "gpu":
+            self.query_one(GpuPanel).show(snap.gpus, snap.gpu_note)
+        elif panel == "processes":
+            self.query_one(ProcessTable).processes = snap.processes
+        elif panel == "stacks":
+            self.query_one(StackTable).stack_rows = snap.stacks
+        elif panel == "steps":
+            self.query_one(StepsPanel).steps = snap.steps
+        elif panel == "burst":
+            self.query_one(BurstPanel).burst = snap.burst
+        elif panel == "memory":
+            self.query_one(MemoryPanel).snapshot = (snap.memory, snap.allocator)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """A panel comes into view: draw it from the latest snapshot."""
+        if self.snapshot is not None and event.pane.id:
+            self._fill_panel(event.pane.id, self.snapshot)
+
+    # -- keys ---------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``b`` is greyed out in the footer while a burst cannot be asked for."""
+        if action == "burst":
+            return True if self.snapshot is not None and self.snapshot.burst.possible else None
+        return True
+
+    def on_key(self, event: events.Key) -> None:
+        """A greyed-out ``b`` still answers: it says why no burst can be taken."""
+        if event.key == "b" and self.check_action("burst", ()) is None:
+            reason = self.snapshot.burst.reason if self.snapshot else "no reading yet"
+            self.notify(f"burst unavailable: {reason}", severity="warning")
+
+    def action_burst(self) -> None:
+        """Ask the hook for a profiler burst (the result appears in the Burst panel)."""
+        self.query_one(TabbedContent).active = "burst"
+        self._request_burst()
+
+    @work(thread=True, exclusive=True, group="burst")
+    def _request_burst(self) -> None:
+        request = getattr(self.session, "request_burst", None)
+        try:
+            ok, message = request() if callable(request) else (False, "this session cannot take bursts")
+        except Exception as exc:
+            ok, message = False, f"burst request failed: {exc!r}"
+        self.call_from_thread(self.notify, message, severity="information" if ok else "error")
+
+    def action_pause(self) -> None:
+        """Freeze the display; sampling and analysis go on."""
+        self.paused = not self.paused
+
+    def watch_paused(self, paused: bool) -> None:
+        """Mark the top panel; on resume draw what arrived meanwhile."""
+        top = self.query_one("#top")
+        top.border_subtitle = "PAUSED: sampling continues, p resumes" if paused else ""
+        top.set_class(paused, "-paused")
+        if not paused:
+            if self._pending is not None:
+                self.snapshot, self._pending = self._pending, None
+            if self._held_lines:
+                self.query_one(Log).write_lines(list(self._held_lines))
+                self._held_lines.clear()
+
+    def action_export(self) -> None:
+        """Write the JSON report of what is on screen."""
+        if self.snapshot is None or self.snapshot.analysis is None:
+            self.notify("no verdict yet: nothing to report", severity="warning")
+            return
+        self._export(self.snapshot)
+
+    @work(thread=True, group="export")
+    def _export(self, snap: Snapshot) -> None:
+        pid = self.child.pid if self.child is not None else getattr(getattr(self.session, "tree", None), "root", 0)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = (self.report_dir or Path.cwd()) / f"torchwatch-report-{pid}-{stamp}.json"
+        try:
+            extra: dict[str, Any] = {}
+            hook_summary = getattr(self.session, "hook_summary", None)
+            if callable(hook_summary) and "hook" in inspect.signature(report.build).parameters:
+                extra["hook"] = hook_summary()
+            data = report.build(
+                snap.analysis,  # type: ignore[arg-type]
+                dict(snap.statuses),
+                pid=pid,
+                cmdline=self._cmdline(pid),
+                exit_code=snap.exit_code,
+                window_s=snap.window_s,
+                watched_s=self.clock() - self._started,
+                history=list(getattr(self.session, "history", ())),
+                own_usage=self._own_usage(),
+                **extra,
+            )
+            path.write_text(report.dumps(data) + "\n")
+        except Exception as exc:  # the report must never take the app down
+            self.call_from_thread(self.notify, f"cannot write the report: {exc}", severity="error")
+            return
+        self.call_from_thread(self.notify, f"report written to {path}")
+
+    def _cmdline(self, pid: int) -> list[str]:
+        if self.child is not None:
+            args = self.child.args
+            return [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+        tree = getattr(self.session, "tree", None)
+        try:
+            node = tree.nodes().get(pid) if tree is not None else None
+        except Exception:
+            node = None
+        return list(node.cmdline) if node is not None else []
+
+    def _own_usage(self) -> dict[str, float]:
+        usage = getattr(self.session, "own_usage", None)
+        try:
+            return dict(usage()) if callable(usage) else {}
+        except Exception:
+            return {}
+
+    def action_help(self) -> None:
+        """Show every key binding."""
+        rows = [
+            (b.key_display or b.key, b.tooltip or b.description)
+            for b in self.BINDINGS
+            if isinstance(b, Binding) and b.show
+        ]
+        self.push_screen(HelpScreen([*rows, *NAVIGATION_HELP]))
+
+    def action_panel(self, step: int) -> None:
+        """Show the previous / next panel."""
+        tabs = self.query_one(TabbedContent)
+        i = PANELS.index(tabs.active) if tabs.active in PANELS else 0
+        tabs.active = PANELS[(i + step) % len(PANELS)]
+
+    def action_show_panel(self, index: int) -> None:
+        """Show panel number ``index`` (0-based) of :data:`PANELS`."""
+        self.query_one(TabbedContent).active = PANELS[index]
+
+    async def action_quit(self) -> None:
+        """Quit; in ``run`` mode with the training alive, first ask whether to stop it."""
+        if self.child is None or self.child.poll() is not None:
             self.exit()
+            return
+
+        def chosen(choice: str | None) -> None:
+            if choice is None:
+                return
+            self.stop_training = choice == "stop"
+            self.exit()
+
+        self.push_screen(QuitScreen(self.child.pid), chosen)
+
+    # -- drill-down ---------------------------------------------------------------------------
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """Enter on a finding: its evidence."""
+        if isinstance(event.option_list, FindingsList) and event.option.id and self.snapshot is not None:
+            self.push_screen(EvidenceScreen(event.option.id, self.snapshot))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a stack row: the whole stack."""
+        table = event.data_table
+        if isinstance(table, StackTable):
+            row = table.row(event.row_key.value)
+            if row is not None:
+                self.push_screen(StackScreen(row))

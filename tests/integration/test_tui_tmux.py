@@ -1,0 +1,111 @@
+"""The TUI in a real terminal: tmux runs ``torchwatch run -- python demo/dataloader_bound.py``.
+
+Within 20 s the screen shows "dataloader-bound" and a fix naming num_workers; ``q`` then ``y``
+(stop the training) ends torchwatch and the training, and no process of the tree is left.
+Run alone with ``pytest -s tests/integration/test_tui_tmux.py`` to see the captured screen.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.integration.conftest import REPO
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("tmux") is None, reason="tmux is not installed: the real-terminal TUI test needs it"
+    ),
+]
+
+VERDICT_WITHIN_S = 20.0
+
+
+class Tmux:
+    """A private tmux server (its own socket) with one 80×24 window."""
+
+    def __init__(self) -> None:
+        self.socket = f"torchwatch-test-{os.getpid()}-{time.monotonic_ns()}"
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True, timeout=10
+        ).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "tw")
+
+    def wait_for(self, found: Callable[[str], bool], seconds: float, also: Callable[[], None] = lambda: None) -> str:
+        deadline = time.monotonic() + seconds
+        screen = ""
+        while time.monotonic() < deadline:
+            also()
+            screen = self.screen()
+            if found(screen):
+                return screen
+            time.sleep(0.25)
+        return screen
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+def descendants(pid: int) -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_tui_in_tmux_shows_the_verdict_and_q_stops_everything(tmp_path: Path) -> None:
+    tmux = Tmux()
+    python = shlex.quote(sys.executable)
+    command = (
+        f"cd {shlex.quote(str(REPO))} && {python} -m torchwatch run -- {python} demo/dataloader_bound.py"
+        " --device cpu --seconds 120; echo TW_EXIT=$?; sleep 60"
+    )
+    tmux("new-session", "-d", "-x", "80", "-y", "24", "-s", "tw", command)
+    try:
+        shell = int(tmux("list-panes", "-t", "tw", "-F", "#{pane_pid}").split()[0])
+        tree: set[int] = set()
+
+        def collect() -> None:
+            tree.update(descendants(shell))
+
+        start = time.monotonic()
+        screen = tmux.wait_for(lambda s: "dataloader-bound" in s and "num_workers" in s, VERDICT_WITHIN_S, collect)
+        took = time.monotonic() - start
+        (tmp_path / "screen.txt").write_text(screen)
+        print(f"\n--- captured after {took:.1f} s ---\n{screen}--- end ---")
+        assert "dataloader-bound" in screen and "num_workers" in screen, screen
+        names = {psutil.Process(p).name() for p in tree if alive(p)}
+        assert len(tree) >= 2 and any("python" in n for n in names), names  # torchwatch and the training
+
+        tmux("send-keys", "-t", "tw", "q")
+        asked = tmux.wait_for(lambda s: "still running" in s, 10.0, collect)
+        assert "y: stop the training" in asked, asked
+        tmux("send-keys", "-t", "tw", "y")
+        done = tmux.wait_for(lambda s: "TW_EXIT=" in s, 40.0)
+        assert "TW_EXIT=130" in done, done  # the training stopped by SIGINT: 128 + 2
+        assert "-> dataloader-bound" in done, done  # the final report, printed after the app
+        left = {pid for pid in tree if alive(pid)}
+        assert not left, [(p, psutil.Process(p).cmdline()) for p in left]
+    finally:
+        tmux.kill()

@@ -1,0 +1,265 @@
+"""The TUI's pure parts: aggregation of recorded readings, snapshot building, text, log tailing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_tui_recorded import MAIN, NOW, WORKERS, FakeSession, HookedSession, recorded_session
+from torchwatch.readings import Frame, Role, SourceStatus, ThreadSample, Wait
+from torchwatch.tui import render, snapshot, views
+from torchwatch.tui.feed import LogTail
+
+SITE = "/usr/lib/python3.11/site-packages/torch"
+
+
+def test_process_rows_take_the_last_round_and_average_cpu() -> None:
+    store = recorded_session().store
+    w = store.window(0, NOW)
+    rows = views.process_rows(w.processes, [th for th in w.threads if th.t >= NOW - 10])
+    assert {r.pid for r in rows} == {MAIN, *WORKERS, 4250}
+    main = next(r for r in rows if r.pid == MAIN)
+    # mean of the samples at t = 57..60 (wobble (i * 37) % 11 for i = 57..60: 8, 1, 5, 9)
+    assert main.cpu_pct == pytest.approx(38.0 + (8 + 1 + 5 + 9) / 4)
+    assert main.rss_bytes == 960_000_000 and main.role == "main"
+    # last thread round of the main process: its main thread waits (sync), one thread on a socket
+    assert main.threads == "W2 N1"
+    helper = next(r for r in rows if r.pid == 4250)
+    assert helper.read_bytes_per_s is None and views.fmt_rate(helper.read_bytes_per_s) == "n/a"
+
+
+def test_sort_rows_biggest_first_and_unknown_last() -> None:
+    rows = [
+        views.ProcessRow(1, "main", "a", 10.0, 5, None, "", 1),
+        views.ProcessRow(2, "worker", "b", None, 50, 3.0, "", 1),
+        views.ProcessRow(3, "worker", "c", 90.0, 1, 1.0, "", 1),
+    ]
+    assert [r.pid for r in views.sort_rows(rows, "cpu")] == [3, 1, 2]
+    assert [r.pid for r in views.sort_rows(rows, "rss")] == [2, 1, 3]
+    assert [r.pid for r in views.sort_rows(rows, "read")] == [2, 3, 1]
+    assert [r.pid for r in views.sort_rows(rows, "pid")] == [1, 2, 3]
+
+
+def test_stack_rows_split_the_loop_and_the_workers() -> None:
+    w = recorded_session().store.window(NOW - 10, NOW)
+    rows = views.stack_rows(w.stacks, MAIN)
+    main = views.category_shares(rows, "main")
+    # the recording's loop: 59 % waiting on workers, the rest in the model and optimizer
+    assert next(iter(main)) == "data/queue" and main["data/queue"] == pytest.approx(116 / 196)
+    assert {"forward", "backward", "optimizer", "other"} <= set(main)
+    assert sum(main.values()) == pytest.approx(1.0)
+    workers = views.category_shares(rows, "worker")
+    assert next(iter(workers)) == "fetch"
+    fetch = next(r for r in rows if r.who == "worker" and r.category == "fetch")
+    # the worker's hot frame is the dataset below _worker_loop, not the parent's <module> it inherited
+    assert (fetch.function, fetch.location) == ("D.__getitem__", "dl.py:7")
+    assert rows == sorted(rows, key=lambda r: -r.share)
+
+
+def test_worker_category() -> None:
+    loop = Frame("_worker_loop", f"{SITE}/utils/data/_utils/worker.py", 300)
+    fetch = Frame("fetch", f"{SITE}/utils/data/_utils/fetch.py", 54)
+    get = Frame("get", "/usr/lib/python3.11/multiprocessing/queues.py", 113)
+    put = Frame("put", "/usr/lib/python3.11/multiprocessing/queues.py", 90)
+    assert views.worker_category((loop, fetch)) == "fetch"
+    assert views.worker_category((loop, get)) == "idle"
+    assert views.worker_category((loop, put)) == "send"
+    assert views.worker_category((Frame("main", "/x.py", 1),)) == "other"
+
+
+def test_rows_behind_a_finding_follow_its_evidence() -> None:
+    rows = views.stack_rows(recorded_session().store.window(NOW - 10, NOW).stacks, MAIN)
+    data = views.rows_behind(rows, ["data_wait_queue_share", "workers_running_fraction"])
+    main = {r.category for r in data if r.who == "main"}
+    assert "data/queue" in main and {c.partition("/")[0] for c in main} == {"data"}
+    assert any(r.who == "worker" for r in data)
+    loop = views.rows_behind(rows, ["loop_cpu_share", "main_cpu_pct"])
+    assert {r.category for r in loop} == {"forward", "backward", "optimizer", "other"}
+    assert views.rows_behind(rows, ["gpu_util_mean"]) == rows  # no phase: everything
+    assert views.phases_for(["backward_share"]) == frozenset({"backward"})
+
+
+def test_state_shares_of_the_loop_and_the_workers() -> None:
+    threads = [
+        ThreadSample(1.0, MAIN, MAIN, Role.MAIN, True, "S", Wait.SYNC),
+        ThreadSample(2.0, MAIN, MAIN, Role.MAIN, True, "R", Wait.RUNNING),
+        ThreadSample(2.0, MAIN, MAIN + 1, Role.MAIN, False, "S", Wait.NET),  # not the main thread
+        ThreadSample(2.0, 99, 99, Role.MAIN, True, "D", Wait.DISK),  # another training process
+        ThreadSample(2.0, 7, 7, Role.WORKER, True, "D", Wait.DISK),
+    ]
+    assert views.state_shares(threads, Role.MAIN, MAIN) == {"sync": 0.5, "running": 0.5}
+    assert views.state_shares(threads, Role.WORKER) == {"disk": 1.0}
+    assert views.state_shares([], Role.MAIN) == {}
+
+
+def test_gpu_cards_and_memory_trend() -> None:
+    w = recorded_session(gpus=True).store.window(0, NOW)
+    cards = views.gpu_cards(w.gpus)
+    assert [c.index for c in cards] == [0, 1]
+    assert cards[0].used_by_target and not cards[1].used_by_target
+    assert len(cards[0].util_series) == 60 and cards[0].power_limit_w == 400.0
+    mem = views.memory_trend(w.processes, w.gpus)
+    assert len(mem.rss_series) == 60 and mem.rss_bytes == mem.rss_series[-1] == mem.rss_peak_bytes
+    assert dict(mem.rss_by_role)["worker"] == 410_000_000 + 415_000_000
+    # only the GPU the training uses counts
+    assert mem.device_used_bytes == 12_600_000_000 and mem.device_total_bytes == 40_000_000_000
+    none = views.memory_trend([], [])
+    assert none.rss_bytes is None and none.device_used_bytes is None
+
+
+def test_trends_skip_missing_values_replace_same_time_and_stay_bounded() -> None:
+    t = views.Trends(keep=3)
+    t.add(1.0, {"a": 1.0, "b": None})
+    t.add(1.0, {"a": 2.0})
+    assert t.series("a") == (2.0,) and t.series("b") == ()
+    for i in range(2, 10):
+        t.add(float(i), {"a": float(i)})
+    assert t.series("a") == (7.0, 8.0, 9.0)
+
+
+def test_bar_widths_fill_the_width_by_largest_remainder() -> None:
+    shares = {"kernel": 0.5, "memcpy": 0.25, "other": 0.25, "memset": 0.0}
+    assert views.bar_widths(shares, 10) == [("kernel", 5), ("memcpy", 3), ("other", 2)] or views.bar_widths(
+        shares, 10
+    ) == [("kernel", 5), ("memcpy", 2), ("other", 3)]
+    assert sum(n for _, n in views.bar_widths({"a": 1, "b": 1, "c": 1}, 80)) == 80
+    assert views.bar_widths({"kernel": 0.0}, 10) == []
+    assert views.bar_widths({"kernel": 0.999, "other": 0.001}, 10) == [("kernel", 10)]
+
+
+def test_units() -> None:
+    assert views.fmt_bytes(None) == "n/a"
+    assert views.fmt_bytes(1_500_000_000) == "1.5 GB"
+    assert views.fmt_bytes(412_000_000) == "412 MB"
+    assert views.fmt_share(0.625) == "62%" and views.fmt_pct(None) == "n/a"
+    assert views.ellipsize("abcdef", 4) == "abc…" and views.ellipsize("ab", 4) == "ab"
+    assert render.series_range([30.0, 55.0]) == "30–55"
+    assert render.series_range([1.7e9, 1.8e9]) == "1.7–1.8 GB"
+    assert render.series_range([9e8, 1.2e9]) == "0.9–1.2 GB"
+    assert render.series_range([5e8, 5e8]) == "500 MB" and render.series_range([0.0, 0.0]) == "0"
+
+
+def test_snapshot_of_todays_session_has_no_hook() -> None:
+    session = recorded_session()
+    snap = snapshot.read_snapshot(session, None, NOW, views.Trends())
+    assert snap.analysis is session.latest and snap.exited is None
+    assert snap.steps.status is None and snap.steps.data_wait_source == "py-spy"
+    assert not snap.burst.possible and "torchwatch run" in snap.burst.reason
+    assert snap.gpu_note is not None and snap.gpu_note.startswith("n/a: NVML library not found")
+    assert "install the NVIDIA driver" in snap.gpu_note
+    state, share = snap.main_states[0]
+    assert len(snap.processes) == 4 and state == "sync" and share == pytest.approx(29 / 41)
+
+
+def test_snapshot_of_a_hooked_session() -> None:
+    session = recorded_session(hooked=True, gpus=True)
+    trends = views.Trends()
+    snap = snapshot.read_snapshot(session, None, NOW, trends)
+    assert snap.steps.status == "ok" and snap.steps.steps_per_s == 3.2 and snap.steps.data_wait_source == "hook"
+    assert ("num_workers", "2") in snap.steps.dataloader and ("batch", "2 MB") in snap.steps.dataloader
+    assert snap.steps.amp == "off"
+    assert trends.series("steps_per_s") == (3.2,) and trends.series("data_wait_pct") == (62.0,)
+    assert snap.burst.possible and snap.burst.last is not None
+    assert snap.burst.last.breakdown[0] == ("kernel", 0.08) and snap.burst.last.top_kernels[0][2] == 40
+    assert snap.gpu_note is None and len(snap.gpus) == 2
+
+
+def test_burst_view_states_and_errors() -> None:
+    hook = {"burst": {"state": "running"}, "last_burst": {"error": "another profiler is active"}}
+    view = snapshot.burst_view(hook, (True, "ok"))
+    assert not view.possible and view.reason == "a burst is running" and view.error == "another profiler is active"
+    assert "last burst failed: another profiler is active" in render.burst_text(view).plain
+    empty = snapshot.burst_view(None, (False, "PID 123 does not catch SIGUSR2"))
+    assert "PID 123 does not catch SIGUSR2" in render.burst_text(empty).plain
+
+
+def test_steps_from_hook_features_when_there_is_no_summary() -> None:
+    features: dict[str, float | None] = {
+        "hook_steps_per_s": 2.5,
+        "step_time_p50_ms": 400.0,
+        "dl_num_workers": 4.0,
+        "dl_pin_memory": 1.0,
+        "data_wait_fraction": 0.3,
+        "amp_enabled": 1.0,
+    }
+    view = snapshot.steps_view(None, features, views.Trends(), 1.0)
+    assert view.status == "ok" and view.steps_per_s == 2.5 and view.data_wait_source == "hook"
+    assert ("num_workers", "4") in view.dataloader and ("pin_memory", "True") in view.dataloader
+    assert "2.50 steps/s" in render.steps_text(view).plain
+
+
+def test_hook_unavailable_says_why() -> None:
+    view = snapshot.steps_view({"status": "unavailable", "reason": "PID 9 has no hook"}, {}, views.Trends(), 1.0)
+    assert "steps: n/a: PID 9 has no hook" in render.steps_text(view).plain
+
+
+class _Child:
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+@pytest.mark.parametrize(("code", "shown"), [(0, "status 0"), (3, "status 3"), (-2, "status 130")])
+def test_exit_line_gives_the_shell_status(code: int, shown: str) -> None:
+    line, status = snapshot.exit_line(_Child(code), False)  # type: ignore[arg-type]
+    assert line is not None and shown in line and status == int(shown.split()[-1])
+    assert snapshot.exit_line(_Child(None), False) == (None, None)  # type: ignore[arg-type]
+    assert "status unknown" in (snapshot.exit_line(None, True)[0] or "")
+
+
+def test_failing_optional_session_parts_do_not_stop_a_refresh() -> None:
+    class Broken(HookedSession):
+        def hook_summary(self) -> dict[str, Any] | None:
+            raise RuntimeError("boom")
+
+        def burst_possible(self) -> tuple[bool, str]:
+            raise RuntimeError("boom")
+
+    base = recorded_session()
+    snap = snapshot.read_snapshot(Broken(store=base.store, latest=base.latest), None, NOW, views.Trends())
+    assert snap.steps.status is None and not snap.burst.possible
+
+
+def test_exited_target_shows_the_last_verdict_and_its_last_readings() -> None:
+    base = recorded_session()
+    session = FakeSession(store=base.store, latest=None, last_alive=base.latest, target_gone=True, ended_at=NOW)
+    session.sources["psutil"] = SourceStatus.gone()
+    snap = snapshot.read_snapshot(session, None, NOW + 100.0, views.Trends())  # long after the exit
+    assert snap.analysis is base.latest and snap.exited is not None
+    assert len(snap.processes) == 4  # readings end where the target ended
+
+
+def test_verdict_and_finding_text() -> None:
+    session = recorded_session()
+    snap = snapshot.read_snapshot(session, None, NOW, views.Trends())
+    text = render.verdict_text(snap).plain
+    assert text.startswith("dataloader-bound  confidence 0.95")
+    assert "workers 2" in text and "GPU n/a" in text
+    assert render.verdict_text(None).plain.startswith("starting")
+    assert session.latest is not None
+    finding = session.latest.findings[0]
+    table = render.evidence_table(finding, session.latest.features)
+    assert table.row_count == len(finding.evidence)
+
+
+def test_log_tail_reads_complete_lines_and_bounds_each_read(tmp_path: Path) -> None:
+    path = tmp_path / "training.log"
+    tail = LogTail(path, chunk=64)
+    assert tail.read_new() == []  # not there yet
+    path.write_bytes(b"one\ntw")
+    assert tail.read_new() == ["one"]
+    with open(path, "ab") as f:
+        f.write(b"o\nprogress 10%\rprogress 90%\n")
+    assert tail.read_new() == ["two", "progress 90%"]
+    with open(path, "ab") as f:
+        f.write(b"x" * 200 + b"\nlast\n")
+    lines = tail.read_new()
+    assert lines[0].startswith("[torchwatch:") and "skipped" in lines[0] and lines[-1] == "last"
+    path.write_bytes(b"new file\n")  # truncated and rewritten
+    os.utime(path)
+    assert tail.read_new() == ["new file"]
