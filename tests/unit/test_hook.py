@@ -98,6 +98,7 @@ def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
         (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False),
         (["python", "/usr/local/bin/torchrun", "--nproc-per-node=2", "train.py"], False),
         (["python", "/venv/bin/accelerate", "launch", "train.py"], False),
+        (["python", "-m", "torch._inductor.compile_worker", "--pickler=x"], False),
     ],
 )
 def test_should_install_only_in_training_processes(argv: list[str], yes: bool) -> None:

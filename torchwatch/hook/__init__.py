@@ -20,6 +20,7 @@ __all__ = ["install", "should_install"]
 # Python processes that are not the training even though they inherit its environment.
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
 _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
+_HELPER_MODULE_PREFIXES = ("torch._inductor.",)  # torch.compile's compile workers
 
 
 def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
@@ -43,6 +44,8 @@ def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
             return False, "multiprocessing helper (forkserver / resource tracker)"
         if a == "-m" and args[i + 1] in _LAUNCHER_MODULES:
             return False, f"launcher ({args[i + 1]})"
+        if a == "-m" and args[i + 1].startswith(_HELPER_MODULE_PREFIXES):
+            return False, f"torch helper process ({args[i + 1]})"
     mp = sys.modules.get("multiprocessing.process")
     if mp is not None and getattr(mp.current_process(), "_inheriting", False):
         return False, "multiprocessing child (spawn)"
