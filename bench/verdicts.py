@@ -1,7 +1,8 @@
 """Run each demo under ``torchwatch run --headless`` several times and print the labels.
 
 Acceptance evidence for the verdicts (not a test): each demo must get its label on every run,
-and a different label with ``--relieve``. Rerun:
+and a different label with ``--relieve``. Also prints the seconds to the first correct label, from
+launch and from the training's first optimizer step (the hook), and since when the label held. Rerun:
 
     python bench/verdicts.py --runs 3 --duration 30 [--demos dataloader_bound,io_bound] [--json out.json]
 """
@@ -62,7 +63,11 @@ def watch(demo: str, relieve: bool, duration: float) -> dict[str, object]:
         report = json.loads(out.read_text())
     history = report["verdict_history"]
     first = next((h["t"] for h in history if h["label"] == EXPECTED[demo]), None)
+    first_step = (report.get("hook") or {}).get("first_step_after_s")
     return {
+        "first_step_s": first_step,
+        "after_first_step_s": None if first is None or first_step is None else round(first - first_step, 1),
+        "stable_s": history[-1]["t"] if history else None,
         "demo": demo,
         "relieve": relieve,
         "label": report["verdict"]["label"],
@@ -91,7 +96,10 @@ def main() -> int:
                 ok = correct(demo, relieve, str(row["label"]))
                 print(
                     f"run {i + 1} {demo:17s} {'relieved' if relieve else 'default ':8s} -> {row['label']:17s} "
-                    f"conf {row['confidence']:.2f}  {'OK' if ok else 'WRONG'}  ({time.monotonic() - t0:.0f} s)",
+                    f"conf {row['confidence']:.2f}  {'OK' if ok else 'WRONG'}  "
+                    f"first correct {row['first_correct_s']} s "
+                    f"({row['after_first_step_s']} s after the first step), stable from {row['stable_s']} s "
+                    f"({time.monotonic() - t0:.0f} s)",
                     flush=True,
                 )
     print()

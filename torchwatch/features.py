@@ -449,10 +449,22 @@ def _prefer_measured_wait(f: Features) -> Features:
     """Scale the stack estimate of the DataLoader's share to the hook's measurement.
 
     py-spy samples where the loop is (20 Hz); the hook times every ``__next__``. When both exist,
-    the measured total wins and the stacks only split it (queue vs in-thread fetch).
+    the measured total wins and the stacks only split it (queue vs in-thread fetch). With
+    ``num_workers=0`` (the hook reads it from the DataLoader) the split is known without stacks.
     """
     measured, estimated = f.get("data_wait_fraction"), f.get("data_wait_share")
-    if measured is None or estimated is None or estimated < 0.02:
+    if measured is None:
+        return {}
+    if f.get("dl_num_workers") == 0:
+        # num_workers=0: every __next__ runs the dataset and collate in the loop's own thread, so
+        # the whole measured wait is in-thread fetching; no stacks are needed to split it.
+        return {
+            "data_wait_share": measured,
+            "data_wait_fetch_share": measured,
+            "data_wait_queue_share": 0.0,
+            "data_wait_start_share": 0.0,
+        }
+    if estimated is None or estimated < 0.02:
         return {}
     k = measured / estimated
     out: Features = {"data_wait_share": measured}

@@ -213,6 +213,7 @@ class HookState:
         data_wait_s: total time blocked in DataLoader ``__next__``, s.
         in_next_since: start of the ``__next__`` running at ``t`` (0.0: none), monotonic s.
         new_steps: steps that ended since the previous read: ``(end s, duration s, data wait s)``.
+        first_step_t: when the first optimizer step ended, monotonic s (0.0: none yet).
         info: ``hook.json`` (settings, AMP, burst state and results, errors); shared, do not mutate.
     """
 
@@ -223,4 +224,5 @@ class HookState:
     data_wait_s: float
     in_next_since: float
     new_steps: tuple[tuple[float, float, float], ...] = ()
+    first_step_t: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)

@@ -268,7 +268,8 @@ class Session:
     def hook_summary(self) -> dict[str, object] | None:
         """What the hook measured, for the report and the TUI; ``None`` when no hook was ever read.
 
-        Keys: ``status``, ``reason``, ``pid``, ``steps``, ``steps_per_s``, ``step_time_ms``
+        Keys: ``status``, ``reason``, ``pid``, ``steps``, ``first_step_after_s`` (seconds from the
+        start of watching to the first optimizer step), ``steps_per_s``, ``step_time_ms``
         (``p50``, ``p95``), ``data_wait_fraction``, ``dataloader`` (the most-used loader's
         settings), ``dataloaders``, ``usable_cpus``, ``shm_bytes``, ``amp``, ``signal``,
         ``signal_owned``, ``burst`` (``state``, ``count``, ``last_refusal``), ``last_burst``
@@ -290,6 +291,7 @@ class Session:
             "pid": last.pid,
             "torch": info.get("torch"),
             "steps": last.steps,
+            "first_step_after_s": round(last.first_step_t - self.started, 2) if last.first_step_t else None,
             "steps_per_s": f.get("hook_steps_per_s"),
             "step_time_ms": {"p50": f.get("step_time_p50_ms"), "p95": f.get("step_time_p95_ms")},
             "data_wait_fraction": f.get("data_wait_fraction"),

@@ -161,6 +161,12 @@ def test_a_stall_in_next_counts_while_it_lasts() -> None:
     assert calm is not None and stalled == pytest.approx(calm + 0.3)
 
 
+def test_with_num_workers_0_the_measured_wait_is_all_in_thread_fetching() -> None:
+    f = compute(Window(100.0, 110.0, hook=_reads(11, 0.25, 0.1)), 7)  # no stacks at all
+    assert f["stack_samples"] == 0.0 and f["data_wait_share"] == pytest.approx(0.4)
+    assert f["data_wait_fetch_share"] == pytest.approx(0.4) and f["data_wait_queue_share"] == 0.0
+
+
 def test_hook_features_are_none_without_a_hook_or_for_another_pid() -> None:
     assert compute(Window(100.0, 110.0, hook=_reads(11, 0.25, 0.1)), 8)["data_wait_fraction"] is None
     assert compute(Window(100.0, 110.0), 7)["hook_steps_per_s"] is None

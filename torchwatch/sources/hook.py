@@ -101,6 +101,7 @@ class HookReader:
             data_wait_s=snap.data_wait_s,
             in_next_since=snap.in_next_since,
             new_steps=new,
+            first_step_t=snap.first_step_t,
             info=info,
         )
 
