@@ -134,7 +134,7 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("dl_batch_bytes", "bytes", "hook", "bytes of tensors in one batch (its first)"),
     ("amp_enabled", "flag", "hook", "autocast seen enabled in the training (1 = yes)"),
     ("shm_bytes", "bytes", "hook", "size of /dev/shm, where DataLoader workers pass batches"),
-    ("burst_age_s", "s", "burst", "seconds since the last profiler burst ended"),
+    ("burst_age_s", "s", "burst", "seconds since the last profiler burst started"),
     ("burst_dataloader_share", "share", "burst", "last burst: step time in DataLoader (TensorBoard plugin priority)"),
     ("burst_cpu_exec_share", "share", "burst", "last burst: step time in host operators not covered by device work"),
     ("burst_kernel_share", "share", "burst", "last burst: step time with a device kernel running"),
