@@ -278,3 +278,12 @@ def test_twenty_bursts_in_a_row_keep_rss_bounded(tmp_path: Path) -> None:
     growth_all = rss[-1][1] - rss[0][0]
     assert growth_last10 < 8e6, growth_last10  # measured here: < 1 MB
     assert growth_all < 40e6, growth_all  # measured here: ~6 MB
+
+
+def test_directories_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    from torchwatch.hook.runtime import _remove_stale
+
+    (tmp_path / "999999999").mkdir()  # no such PID
+    (tmp_path / str(os.getpid())).mkdir()
+    _remove_stale(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]

@@ -188,6 +188,7 @@ class Hook:
         with contextlib.suppress(OSError):
             st = os.statvfs("/dev/shm")
             self.shm_bytes = st.f_frsize * st.f_blocks
+        _remove_stale(self.dir.parent)
         self.burster = Burster(torch, self.pid, self._interrupt_main, self.publish, self.step_durations)
         _active = True
         self._patch(torch)
@@ -485,6 +486,14 @@ class Hook:
 
 
 _HOOK: Hook | None = None
+
+
+def _remove_stale(base: Path) -> None:
+    """Remove the directories of hooked processes that died without cleaning up (SIGKILL)."""
+    with contextlib.suppress(OSError):
+        for d in base.iterdir():
+            if d.name.isdigit() and not os.path.exists(f"/proc/{d.name}"):
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _after_fork_in_child() -> None:
