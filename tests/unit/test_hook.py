@@ -287,3 +287,33 @@ def test_directories_of_dead_processes_are_removed(tmp_path: Path) -> None:
     (tmp_path / str(os.getpid())).mkdir()
     _remove_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]
+
+
+def test_run_preloads_the_hook_and_still_runs_the_users_sitecustomize(tmp_path: Path) -> None:
+    """What torchwatch run does: PYTHONPATH=boot + TORCHWATCH_HOOK=1; the user's sitecustomize runs too."""
+    from torchwatch.watch import hook_env
+
+    user = tmp_path / "user_site"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
+    env = hook_env()
+    env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + str(user)
+    env["TORCHWATCH_DIR"] = str(tmp_path / "tw")
+    code = (
+        "import os, sys, json\n"
+        "before = 'torch' in sys.modules\n"
+        "import torch\n"
+        "from torchwatch.hook import runtime\n"
+        "h = runtime.current()\n"
+        "print(json.dumps({'user': os.environ.get('USER_SITECUSTOMIZE_RAN'), 'torch_before': before,\n"
+        "                  'hook': h is not None and h.torch is not None, 'dir': str(h.dir) if h else None}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {
+        "user": "1",
+        "torch_before": False,
+        "hook": True,
+        "dir": str(tmp_path / "tw" / out["dir"].split("/")[-1]),
+    }
