@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torchwatch import stacks
-from torchwatch.readings import Role, ThreadSample, Wait
+from torchwatch.readings import HookState, Role, ThreadSample, Wait
 from torchwatch.store import Window
 
 MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
@@ -412,9 +412,8 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
         out["step_time_p50_ms"] = statistics.median(durations)
         out["step_time_p95_ms"] = _percentile(durations, 0.95)
 
-    def waited(h: object) -> float:
-        since = getattr(h, "in_next_since", 0.0)
-        return float(getattr(h, "data_wait_s", 0.0)) + (max(0.0, getattr(h, "t", 0.0) - since) if since else 0.0)
+    def waited(h: HookState) -> float:
+        return h.data_wait_s + (max(0.0, h.t - h.in_next_since) if h.in_next_since else 0.0)
 
     if span >= 1.0 and (last.batches > 0 or last.in_next_since):
         out["data_wait_fraction"] = max(0.0, min(1.0, (waited(last) - waited(first)) / span))

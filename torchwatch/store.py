@@ -75,12 +75,19 @@ class Store:
                 while buf and buf[0].t < cutoff:  # type: ignore[attr-defined]
                     buf.popleft()
 
-    def window(self, start: float, end: float) -> Window:
-        """A copy of the readings with ``start <= t <= end``."""
+    def window(self, start: float, end: float, kinds: Iterable[str] | None = None) -> Window:
+        """A copy of the readings with ``start <= t <= end``.
+
+        Args:
+            kinds: copy only these lists of :class:`Window` (e.g. ``("processes", "gpus")``); the
+                others stay empty. ``None`` copies all.
+        """
         w = Window(start=start, end=end)
+        wanted = set(self._buffers) if kinds is None else set(kinds)
         with self._lock:
             for kind, buf in self._buffers.items():
-                setattr(w, kind, [r for r in buf if start <= r.t <= end])  # type: ignore[attr-defined]
+                if kind in wanted:
+                    setattr(w, kind, [r for r in buf if start <= r.t <= end])  # type: ignore[attr-defined]
         return w
 
     def latest(self, kind: type) -> object | None:

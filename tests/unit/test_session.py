@@ -45,3 +45,14 @@ def test_own_usage_reports_cpu_and_memory(session: Session) -> None:
     usage = session.own_usage()
     assert usage["torchwatch_cpu_s"] > 0 and usage["max_rss_bytes"] > 1_000_000
     assert usage["pyspy_cpu_s"] == 0.0
+
+
+def test_store_window_copies_only_the_kinds_asked_for() -> None:
+    from torchwatch.readings import HookState
+    from torchwatch.store import Store
+
+    store = Store()
+    store.add([HookState(t=1.0, pid=1, steps=0, batches=0, data_wait_s=0.0, in_next_since=0.0)])
+    assert len(store.window(0.0, 2.0).hook) == 1
+    assert store.window(0.0, 2.0, kinds=("processes",)).hook == []
+    assert len(store.window(0.0, 2.0, kinds=("hook",)).hook) == 1

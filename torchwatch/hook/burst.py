@@ -241,18 +241,24 @@ class Burster:
             profile_memory=False,
         )
 
-    def _start_steps(self, now: float) -> None:
-        p = self.params
+    def _start_profiler(self, now: float, schedule: Any) -> bool:
+        """Start ``torch.profiler`` now; on a clash or failure end the burst with the reason."""
         if self._other_profiler():
             self._abort(now, "another profiler became active before the burst started")
-            return
-        sched = self.torch.profiler.schedule(wait=0, warmup=p.warmup, active=p.steps, repeat=1)
+            return False
         try:
-            self._prof = self._new_profiler(sched)
+            self._prof = self._new_profiler(schedule)
             self._prof.start()
         except Exception as exc:
             self._prof = None
             self._abort(now, f"torch.profiler failed to start: {exc!r}")
+            return False
+        return True
+
+    def _start_steps(self, now: float) -> None:
+        p = self.params
+        sched = self.torch.profiler.schedule(wait=0, warmup=p.warmup, active=p.steps, repeat=1)
+        if not self._start_profiler(now, sched):
             return
         self.state, self._started_at, self._active_steps = "running", now, 0
         self._schedule(p.max_s)  # a step longer than max_s still ends the burst
@@ -260,15 +266,7 @@ class Burster:
 
     def _start_window(self, now: float) -> None:
         self._cancel_timer()
-        if self._other_profiler():
-            self._abort(now, "another profiler became active before the burst started")
-            return
-        try:
-            self._prof = self._new_profiler(None)
-            self._prof.start()
-        except Exception as exc:
-            self._prof = None
-            self._abort(now, f"torch.profiler failed to start: {exc!r}")
+        if not self._start_profiler(now, None):
             return
         # A time window has no step boundaries: mark it as one step, so the trace reads alike.
         with contextlib.suppress(Exception):

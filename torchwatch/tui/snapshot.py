@@ -340,10 +340,10 @@ def read_snapshot(
     end = ended if isinstance(ended, (int, float)) else now
     options = getattr(session, "options", None)
     window_s = float(getattr(options, "window_s", 10.0))
-    long = session.store.window(end - HISTORY_S, end)
-    start = end - window_s
-    threads = [th for th in long.threads if th.t >= start]
-    stack_samples = [s for s in long.stacks if s.t >= start]
+    # Minutes of history only for the trends; the 10 Hz thread states and the stacks for the window.
+    long = session.store.window(end - HISTORY_S, end, kinds=("processes", "gpus"))
+    short = session.store.window(end - window_s, end, kinds=("threads", "stacks"))
+    threads, stack_samples = short.threads, short.stacks
     main_pid = _maybe(lambda: getattr(session, "main_pid", None), None)
     statuses: dict[str, SourceStatus] = dict(_maybe(session.statuses, {}))
     hook_fn = getattr(session, "hook_summary", None)
