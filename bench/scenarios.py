@@ -3,7 +3,8 @@
 Each tests/scenarios/NAME.py is a small real training with one dominant
 bottleneck, its expected label in a module constant ``EXPECTED = "..."`` (the
 ground truth comes from what the training does, proven by its ``--relieve``
-flag, never from what torchwatch says).  For every scenario (and, with
+flag, never from what torchwatch says) and, optionally, ``SUB_CAUSE = "<rule id>"``:
+the finding that must name the cause under the label (reported, not scored).  For every scenario (and, with
 --with-demos, the four demos' default variants) this runs, --runs times::
 
     python -m torchwatch run --headless --duration D --json OUT --trace TRACE \\
@@ -72,18 +73,26 @@ FINAL = re.compile(r"^demo (\S+): done, (\d+) steps in ([\d.]+) s, ([\d.]+) step
 RELIEF_THRESHOLD = 1.5
 
 
-def expected_of(path: Path) -> str:
-    """The module-level ``EXPECTED = "..."`` of a scenario file (read with ast, not imported)."""
+def constant_of(path: Path, name: str) -> str | None:
+    """A module-level string constant ``NAME = "..."`` of a scenario file (read with ast, not imported)."""
     tree = ast.parse(path.read_text(), str(path))
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == "EXPECTED" for t in node.targets)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
             and isinstance(node.value, ast.Constant)
-            and node.value.value in LABELS
+            and isinstance(node.value.value, str)
         ):
-            return str(node.value.value)
-    raise SystemExit(f"scenarios.py: error: {path} has no EXPECTED = '<label>' constant")
+            return node.value.value
+    return None
+
+
+def expected_of(path: Path) -> str:
+    """The scenario's ``EXPECTED = "<label>"``."""
+    label = constant_of(path, "EXPECTED")
+    if label not in LABELS:
+        raise SystemExit(f"scenarios.py: error: {path} has no EXPECTED = '<label>' constant")
+    return str(label)
 
 
 def discover(only: str | None, with_demos: bool) -> dict[str, tuple[Path, str]]:
@@ -221,6 +230,10 @@ def main() -> int:
             ok = r["label"] == expected
             line = f"run {run} {name:<24} expected {expected:<17} got {r['label']:<17} conf {r['confidence']:.2f} "
             line += "OK" if ok else "WRONG"
+            sub = constant_of(script, "SUB_CAUSE")  # optional: the finding that names the sub-cause
+            if sub is not None:
+                r["sub_cause_found"] = sub in (r.get("findings") or [])
+                line += f"  sub-cause {sub}: {'found' if r['sub_cause_found'] else 'MISSING'}"
             if r.get("left"):
                 line += f"  LEFTOVER PIDS {r['left']}"
             if r.get("error"):
@@ -254,6 +267,9 @@ def main() -> int:
         print("flipped across runs: " + "; ".join(f"{n}: {', '.join(ls)}" for n, ls in flipped.items()))
     else:
         print("flipped across runs: none")
+    subs = [bool(r["sub_cause_found"]) for rs in results.values() for r in rs if "sub_cause_found" in r]
+    if subs:
+        print(f"sub-causes named: {sum(subs)}/{len(subs)}")
     if args.json:
         slim = {n: [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs] for n, rs in results.items()}
         Path(args.json).write_text(json.dumps({"expected": {n: s[1] for n, s in scen.items()}, "runs": slim}, indent=1))

@@ -30,7 +30,7 @@ MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state s
 class FeatureSpec:
     """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
     ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``) and source (``py-spy``, ``proc``, ``psutil``, ``psi``,
-    ``nvml``, ``hook``, ``burst``)."""
+    ``diskstats``, ``vmstat``, ``nvml``, ``hook``, ``burst``)."""
 
     name: str
     unit: str
@@ -112,6 +112,25 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("rss_bytes", "bytes", "psutil", "resident memory of the whole tree"),
     ("system_cpu_pct", "%", "psutil", "machine CPU busy, % of all CPUs"),
     ("io_pressure_pct", "%", "psi", "wall time with at least one task stalled on IO (PSI some)"),
+    (
+        "disk_read_bytes_per_s",
+        "bytes/s",
+        "diskstats",
+        "reads of the block device that read the most in the window (machine-wide, iostat rkB/s)",
+    ),
+    ("disk_read_request_bytes", "bytes", "diskstats", "mean bytes per read request on that device (iostat rareq-sz)"),
+    ("disk_read_await_ms", "ms", "diskstats", "mean time per read request, queued + served (iostat r_await)"),
+    (
+        "disk_read_queue",
+        "count",
+        "diskstats",
+        "read requests in flight on average while the device is busy (read part of aqu-sz / %util)",
+    ),
+    ("disk_busy_share", "share", "diskstats", "wall time the device has >= 1 request in flight (iostat %util)"),
+    ("disk_tree_share", "share", "psutil+diskstats", "the training's storage reads / that device's reads"),
+    ("swap_in_bytes_per_s", "bytes/s", "vmstat", "machine-wide swap-ins (pswpin), bytes/s"),
+    ("memory_pressure_pct", "%", "psi", "wall time with at least one task stalled on memory (PSI some)"),
+    ("mem_available_bytes", "bytes", "psutil", "memory available without swapping (MemAvailable), lowest in window"),
     ("usable_cpus", "CPUs", "proc", "CPUs the training may use (affinity, cgroup quota)"),
     ("gpu_count", "count", "nvml", "GPUs read (those the training uses, else all)"),
     ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
@@ -342,12 +361,66 @@ def _process_features(window: Window, main_pid: int | None) -> Features:
     return out
 
 
+MIN_DISK_READS = 20  # read requests in the window below which request size, await and queue are None
+
+
 def _system_features(window: Window) -> Features:
-    return {
+    avail = [s.mem_available_bytes for s in window.system if s.mem_available_bytes is not None]
+    out: Features = {
         "system_cpu_pct": _mean(s.cpu_pct for s in window.system),
         "io_pressure_pct": _mean(s.io_some_pct for s in window.system),
         "usable_cpus": window.system[-1].usable_cpus if window.system else None,
+        "swap_in_bytes_per_s": _mean(s.swap_in_bytes_per_s for s in window.system),
+        "memory_pressure_pct": _mean(s.mem_some_pct for s in window.system),
+        "mem_available_bytes": float(min(avail)) if avail else None,
     }
+    out.update(_disk_features(window))
+    return out
+
+
+def _disk_features(window: Window) -> Features:
+    """The busiest device's reads over the window, as ratios of window means (iostat's way).
+
+    Each sample names the device that read the most in its second; the window keeps the device
+    with the most bytes in all, and seconds in which another device led count as no reads.
+    """
+    out: Features = dict.fromkeys(
+        ("disk_read_bytes_per_s", "disk_read_request_bytes", "disk_read_await_ms", "disk_read_queue", "disk_busy_share")
+    )
+    timed = [s for s in window.system if s.disk_read_bytes_per_s is not None]
+    if not timed:
+        return out
+    by_disk: Counter[str] = Counter()
+    for s in timed:
+        if s.disk is not None:
+            by_disk[s.disk] += int(s.disk_read_bytes_per_s or 0)
+    top = by_disk.most_common(1)[0][0] if by_disk else None
+    own = [s for s in timed if s.disk == top and top is not None]
+    n = len(timed)
+
+    def mean(attr: str) -> float:
+        return sum(getattr(s, attr) or 0.0 for s in own) / n
+
+    rbytes, reads, inflight, busy = (
+        mean("disk_read_bytes_per_s"),
+        mean("disk_reads_per_s"),
+        mean("disk_read_inflight"),
+        mean("disk_busy"),
+    )
+    out["disk_read_bytes_per_s"] = rbytes
+    if top is None:
+        return out
+    out["disk_busy_share"] = busy
+    if reads * n >= MIN_DISK_READS:  # n samples of about 1 s each
+        out["disk_read_request_bytes"] = rbytes / reads
+        out["disk_read_await_ms"] = 1000.0 * inflight / reads
+        out["disk_read_queue"] = inflight / busy if busy > 0 else None
+    return out
+
+
+def _disk_tree_share(f: Features) -> Features:
+    tree, disk = f.get("read_bytes_per_s"), f.get("disk_read_bytes_per_s")
+    return {"disk_tree_share": None if tree is None or not disk else min(1.0, tree / disk)}
 
 
 def _gpu_features(window: Window) -> Features:
@@ -492,6 +565,7 @@ def compute(window: Window, main_pid: int | None) -> Features:
     f.update(_combine(f))
     f.update(_process_features(window, main_pid))
     f.update(_system_features(window))
+    f.update(_disk_tree_share(f))
     f.update(_cpu_budget(f))
     f.update(_gpu_features(window))
     return {name: f.get(name) for name in CATALOGUE}

@@ -139,12 +139,39 @@ class SystemSample:
         io_some_pct: share of wall time in which at least one task stalled on IO, %, from
             ``/proc/pressure/io`` (PSI ``some``) since the previous sample; ``None`` without PSI.
         usable_cpus: CPUs the target may use: affinity, capped by the cgroup CPU quota.
+        disk: the whole block device (``/sys/block`` name) that served the most bytes of
+            reads since the previous sample; ``None`` when no device served any, or without
+            ``/proc/diskstats``. The four readings after it describe that device alone
+            (machine-wide, as iostat(1) shows it), and are ``None`` with it, except
+            ``disk_read_bytes_per_s`` which is 0.0 when the counters were read but no device
+            read anything.
+        disk_read_bytes_per_s: bytes read from the device per second (iostat ``rkB/s``).
+        disk_reads_per_s: read requests completed per second (iostat ``r/s``).
+        disk_read_inflight: read requests in flight on average, from the time reads spent
+            queued and in service per second of wall time (Little's law; iostat's read part
+            of ``aqu-sz``).
+        disk_busy: share of wall time, 0..1, with at least one request in flight on the
+            device (iostat ``%util`` / 100).
+        swap_in_bytes_per_s: bytes swapped in from swap per second, machine-wide
+            (``/proc/vmstat`` pswpin); ``None`` when unreadable.
+        mem_some_pct: share of wall time in which at least one task stalled on memory
+            (reclaim, swap-in, thrashing), %, from ``/proc/pressure/memory`` (PSI ``some``).
+        mem_available_bytes: memory available for new allocations without swapping, bytes
+            (``MemAvailable``).
     """
 
     t: float
     cpu_pct: float | None
     io_some_pct: float | None
     usable_cpus: float | None
+    disk: str | None = None
+    disk_read_bytes_per_s: float | None = None
+    disk_reads_per_s: float | None = None
+    disk_read_inflight: float | None = None
+    disk_busy: float | None = None
+    swap_in_bytes_per_s: float | None = None
+    mem_some_pct: float | None = None
+    mem_available_bytes: int | None = None
 
 
 @dataclass(frozen=True)

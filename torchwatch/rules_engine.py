@@ -18,7 +18,8 @@ A rule file::
     when = "worker_count < suggested_workers"      # optional
 
 Expressions use :mod:`torchwatch.expr` (no ``eval``); templates are ``str.format`` fields
-naming features or :data:`TEMPLATE_VALUES`, with a format spec, no attribute or index access.
+naming features or :data:`TEMPLATE_VALUES`, with a number format spec (``{x:.0%}``) or the
+spec ``bytes`` (``{rss_bytes:bytes}`` prints ``3.2 GiB``), no attribute or index access.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def _check_template(template: Any, what: str) -> str:
             raise ValueError(f"{what}: conversion !{conv} not allowed")
         if spec and "{" in spec:
             raise ValueError(f"{what}: nested fields not allowed")
+        if spec == "bytes":
+            continue
         try:
             format(0.5, spec or "")
         except ValueError:
@@ -121,15 +124,32 @@ def _check_template(template: Any, what: str) -> str:
     return template
 
 
+def human_bytes(n: float) -> str:
+    """Bytes with binary units, 2-3 significant digits: ``512 B``, ``4.0 KiB``, ``2.0 MiB``, ``21 GiB``."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{value:.0f} B"
+    return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+
+
 def fill(template: str, values: Mapping[str, Any]) -> str:
-    """Fill a checked template; a missing value prints as ``n/a``."""
+    """Fill a checked template; a missing value prints as ``n/a``, spec ``bytes`` as :func:`human_bytes`."""
     out = []
     for literal, field, spec, _ in _FORMATTER.parse(template):
         out.append(literal)
         if field is None:
             continue
         value = values.get(field)
-        out.append("n/a" if value is None else format(value, spec or ""))
+        if value is None:
+            out.append("n/a")
+        elif spec == "bytes" and isinstance(value, (int, float)):
+            out.append(human_bytes(value))
+        else:
+            out.append(format(value, spec or ""))
     return "".join(out)
 
 

@@ -186,6 +186,8 @@ class Session:
             "proc": "threads",
             "psutil": "psutil",
             "psi": "psutil",
+            "diskstats": "psutil",
+            "vmstat": "psutil",
             "nvml": "nvml",
             "hook": "hook",
             "burst": "hook",
@@ -198,6 +200,11 @@ class Session:
                 return f"{name} unavailable: {st.reason}"
         if self.main_pid is None:
             return "no Python training process found in the tree yet"
+        if "diskstats" in spec.source:
+            return (
+                "no block device served enough reads in the window "
+                "(data in the page cache or RAM, or on a network file system)"
+            )
         if spec.source == "burst":
             return "no profiler burst has completed yet (press b, or torchwatch burst PID)"
         if spec.source == "hook" and feature.startswith("dl_"):

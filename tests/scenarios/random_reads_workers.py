@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
 
 EXPECTED = "io-bound"
+SUB_CAUSE = "storage-latency"
 NAME = "random_reads_workers"
 FILE_SIZE, BLOCK, READS, N_SAMPLES, BATCH = 256 << 20, 4096, 32, 4096, 32
 

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
 
 EXPECTED = "io-bound"
+SUB_CAUSE = "storage-latency"
 NAME = "reads_in_loop"
 FILE_SIZE, BLOCK, READS, BATCH = 256 << 20, 4096, 8, 32
 

@@ -35,8 +35,12 @@ N_SAMPLES = FILE_SIZE // SAMPLE
 FEAT = 1024
 
 
+STRIDE = SAMPLE // (FEAT * 16)  # bytes of a sample the model looks at: every STRIDE-th
+
+
 class Chunks(Dataset[torch.Tensor]):
-    def __init__(self, path: str, relieve: bool) -> None:
+    def __init__(self, path: str, relieve: bool, subsample: bool = False) -> None:
+        self.subsample = subsample  # keep every STRIDE-th byte here (in the worker), not in the step
         self.reader = sc.DirectReader(path, SAMPLE, NAME)
         self.ram = (
             torch.stack(
@@ -51,28 +55,33 @@ class Chunks(Dataset[torch.Tensor]):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.ram is not None:
-            return self.ram[i % CACHED]
-        return torch.frombuffer(self.reader.read([i * SAMPLE], SAMPLE), dtype=torch.uint8)
+            data = self.ram[i % CACHED]
+        else:
+            data = torch.frombuffer(self.reader.read([i * SAMPLE], SAMPLE), dtype=torch.uint8)
+        return data[::STRIDE].clone() if self.subsample else data
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
+def main(name: str = NAME, doc: str | None = __doc__, workers: int = 0) -> None:
+    """Train on the file's chunks with ``workers`` DataLoader workers (see the module docstring)."""
+    args = sc.parse_args(name, doc)
     sc.seed()
     device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
+    with sc.Run(name, device) as run:
         loader = DataLoader(
-            Chunks(sc.data_file("scn_sequential.bin", FILE_SIZE, NAME), args.relieve),
+            Chunks(sc.data_file("scn_sequential.bin", FILE_SIZE, name), args.relieve, subsample=workers > 0),
             batch_size=BATCH,
             shuffle=False,  # sequential through the file
             drop_last=True,
-            num_workers=0,
+            num_workers=workers,
         )
         model = nn.Sequential(nn.Linear(FEAT, 128), nn.ReLU(), nn.Linear(128, 2)).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step(batch: torch.Tensor) -> torch.Tensor:
-            raw = sc.to_device(batch, device)  # (BATCH, SAMPLE) uint8
-            x = raw[:, :: SAMPLE // (FEAT * 16)].view(BATCH, FEAT, 16).float().mean(-1) / 255.0
+            raw = sc.to_device(batch, device)  # (BATCH, SAMPLE) or, subsampled, (BATCH, SAMPLE // STRIDE) uint8
+            if raw.shape[1] == SAMPLE:
+                raw = raw[:, ::STRIDE]
+            x = raw.reshape(BATCH, FEAT, 16).float().mean(-1) / 255.0
             y = (x[:, :64].mean(1) > 0.5).long()
             loss = F.cross_entropy(model((x - 0.5) * 10), y)
             opt.zero_grad(set_to_none=True)

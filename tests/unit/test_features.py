@@ -362,3 +362,71 @@ def test_run_queue_wait_of_the_loop() -> None:
     assert (
         compute(Window(0.0, 10.0, threads=threads(MAIN, Role.MAIN, RUNNING=100)), MAIN)["main_runqueue_share"] is None
     )
+
+
+def disk_sample(
+    t: float,
+    disk: str | None,
+    rbytes: float,
+    reads: float = 0.0,
+    inflight: float = 0.0,
+    busy: float = 0.0,
+    **kw: float,
+) -> SystemSample:
+    return SystemSample(
+        t,
+        50.0,
+        None,
+        2.0,
+        disk=disk,
+        disk_read_bytes_per_s=rbytes,
+        disk_reads_per_s=reads,
+        disk_read_inflight=inflight,
+        disk_busy=busy,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_disk_features_are_ratios_of_window_means_on_the_busiest_device() -> None:
+    # 4 s: vda reads 4 KiB requests (1000/s, 0.06 s of read time per s), one second with no
+    # reads anywhere, and one second in which sdb led with a single large read.
+    system = [
+        disk_sample(1.0, "vda", 4096e3, 1000, 0.06, 0.7),
+        disk_sample(2.0, "vda", 4096e3, 1000, 0.06, 0.7),
+        disk_sample(3.0, None, 0.0),
+        disk_sample(4.0, "sdb", 1e6, 1, 0.002, 0.002),
+    ]
+    f = compute(window(system=system), MAIN)
+    assert f["disk_read_bytes_per_s"] == pytest.approx(2 * 4096e3 / 4)
+    assert f["disk_read_request_bytes"] == pytest.approx(4096)
+    assert f["disk_read_await_ms"] == pytest.approx(0.06)  # 0.12 s of read time / 2000 reads
+    assert f["disk_busy_share"] == pytest.approx(1.4 / 4)
+    assert f["disk_read_queue"] == pytest.approx(0.12 / 1.4)
+
+
+def test_disk_features_need_enough_requests_and_some_reads() -> None:
+    few = compute(window(system=[disk_sample(1.0, "vda", 8e6, 4, 0.01, 0.01), disk_sample(2.0, None, 0.0)]), MAIN)
+    assert few["disk_read_bytes_per_s"] == pytest.approx(4e6)
+    assert few["disk_read_request_bytes"] is None and few["disk_read_queue"] is None  # 4 reads < MIN_DISK_READS
+    assert few["disk_busy_share"] == pytest.approx(0.005)
+    idle = compute(window(system=[disk_sample(1.0, None, 0.0), disk_sample(2.0, None, 0.0)]), MAIN)
+    assert idle["disk_read_bytes_per_s"] == 0.0
+    assert idle["disk_busy_share"] is None and idle["disk_read_request_bytes"] is None
+    unread = compute(window(system=[SystemSample(1.0, 50.0, None, 2.0)]), MAIN)
+    assert unread["disk_read_bytes_per_s"] is None and unread["disk_tree_share"] is None
+
+
+def test_disk_tree_share_compares_the_trees_reads_with_the_devices() -> None:
+    procs = [proc(MAIN, Role.MAIN, 1.0, 100.0, read=2e6), proc(MAIN, Role.MAIN, 2.0, 100.0, read=2e6)]
+    system = [disk_sample(1.0, "vda", 4e6, 100, 0.1, 0.5), disk_sample(2.0, "vda", 4e6, 100, 0.1, 0.5)]
+    f = compute(window(processes=procs, system=system), MAIN)
+    assert f["disk_tree_share"] == pytest.approx(0.5)
+
+
+def test_memory_features() -> None:
+    system = [
+        disk_sample(1.0, None, 0.0, swap_in_bytes_per_s=0.0, mem_some_pct=10.0, mem_available_bytes=5e9),
+        disk_sample(2.0, None, 0.0, swap_in_bytes_per_s=4e6, mem_some_pct=30.0, mem_available_bytes=2e9),
+    ]
+    f = compute(window(system=system), MAIN)
+    assert (f["swap_in_bytes_per_s"], f["memory_pressure_pct"], f["mem_available_bytes"]) == (2e6, 20.0, 2e9)

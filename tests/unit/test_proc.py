@@ -155,3 +155,72 @@ def test_non_python_tree_has_no_main() -> None:
 
 def test_unknown_root_gives_no_roles() -> None:
     assert assign_roles({1: node(0, TRAIN)}, 999) == {}
+
+
+def _io(rbytes: int, count: int, rtime_ms: int, busy_ms: int) -> object:
+    """One device's counters, with the attributes psutil's ``sdiskio`` has on Linux."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(read_bytes=rbytes, read_count=count, read_time=rtime_ms, busy_time=busy_ms)
+
+
+def test_disk_rates_follow_the_whole_device_that_read_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from torchwatch.sources import proc as proc_mod
+
+    vda = _io(8 << 20, 2048, 200, 1500)
+    # vda1 is not a whole device (no /sys/block/vda1): ignored even with the most bytes
+    after = {"vda": vda, "vda1": _io(16 << 20, 9, 9, 9), "sdb": _io(1 << 20, 8, 40, 40)}
+    readings = iter(
+        [
+            {"vda": _io(0, 0, 0, 0), "vda1": _io(0, 0, 0, 0), "sdb": _io(0, 0, 0, 0)},
+            # in 2 s: vda read 8 MiB in 2048 reads taking 0.2 s in all, busy 1.5 s; sdb read 1 MiB.
+            after,
+            after,
+        ]
+    )
+    monkeypatch.setattr(psutil, "disk_io_counters", lambda perdisk, nowrap: next(readings))
+    monkeypatch.setattr(proc_mod.os, "access", lambda path, mode: not path.endswith("vda1"))
+    rates = proc_mod.DiskRates()
+    assert rates.sample(10.0) == proc_mod.DiskRate()  # first call: a baseline only
+    r = rates.sample(12.0)
+    assert r.name == "vda"
+    assert r.read_bytes_per_s == pytest.approx(4 << 20)
+    assert r.reads_per_s == pytest.approx(1024)
+    assert r.read_inflight == pytest.approx(0.1)
+    assert r.busy == pytest.approx(0.75)
+    assert rates.sample(13.0) == proc_mod.DiskRate(read_bytes_per_s=0.0)  # counters read, nothing read
+
+
+def test_disk_rates_without_diskstats_stop_trying(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from torchwatch.sources import proc as proc_mod
+
+    calls = []
+
+    def refuse(perdisk: bool, nowrap: bool) -> None:
+        calls.append(1)
+        raise NotImplementedError("no /proc/diskstats")
+
+    monkeypatch.setattr(psutil, "disk_io_counters", refuse)
+    rates = proc_mod.DiskRates()
+    assert rates.sample(1.0) == proc_mod.DiskRate() and rates.sample(2.0) == proc_mod.DiskRate()
+    assert not rates.available and len(calls) == 1
+
+
+def test_psi_rate_is_the_growth_of_some_total(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from torchwatch.sources.proc import _PsiRate
+
+    path = Path(str(tmp_path)) / "memory"
+    line = "some avg10=0.00 avg60=0.00 avg300=0.00 total={}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=9\n"
+    path.write_text(line.format(1_000_000))
+    psi = _PsiRate(path)
+    assert psi.sample(5.0) is None
+    path.write_text(line.format(1_300_000))  # 0.3 s of stall in 2 s
+    assert psi.sample(7.0) == pytest.approx(15.0)
+    path.unlink()
+    assert psi.sample(8.0) is None  # PSI gone (no CONFIG_PSI): None, no error

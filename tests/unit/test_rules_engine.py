@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchwatch.errors import RuleError, UsageError
-from torchwatch.rules_engine import Rule, builtin_dir, fill, load_dir, load_rules, parse_rule
+from torchwatch.rules_engine import Rule, builtin_dir, fill, human_bytes, load_dir, load_rules, parse_rule
 
 FUZZ = settings(max_examples=300, deadline=2000, database=None, derandomize=True)
 PATH = "rules/test-rule.toml"
@@ -250,3 +250,26 @@ def test_fuzz_random_text(text: str) -> None:
 @given(mutated_rule())
 def test_fuzz_mutated_rule_file(text: str) -> None:
     check_outcome(text)
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (4096, "4.0 KiB"), (2 * 2**20 + 1, "2.0 MiB"), (150 * 2**30, "150 GiB")],
+)
+def test_human_bytes(n: float, text: str) -> None:
+    assert human_bytes(n) == text
+
+
+def test_bytes_spec_fills_with_binary_units_and_n_a() -> None:
+    rule = parse_rule(
+        'id = "b"\nlabel = "io-bound"\nseverity = "info"\nwhen = "rss_bytes > 0"\nsource = "s"\n'
+        'summary = "holds {rss_bytes:bytes}, reads {read_bytes_per_s:bytes}/s"\n',
+        "b.toml",
+    )
+    assert fill(rule.summary, {"rss_bytes": 3 * 2**30, "read_bytes_per_s": None}) == "holds 3.0 GiB, reads n/a/s"
+    with pytest.raises(RuleError, match="bad format spec"):
+        parse_rule(
+            'id = "b"\nlabel = "io-bound"\nseverity = "info"\nwhen = "rss_bytes > 0"\nsource = "s"\n'
+            'summary = "{rss_bytes:byte}"\n',
+            "b.toml",
+        )

@@ -4,9 +4,11 @@ Three pieces share one :class:`ProcessTree`:
 
 - :class:`ProcessTree` finds the training process(es) under the root PID and gives each
   process a :class:`Role` (main, DataLoader worker, launcher, helper).
-- :class:`ProcSource` (1 Hz): CPU %, RSS and storage bytes/s of every process, system CPU and
-  IO pressure (PSI). ``cpu_times().iowait`` is 0 without kernel delay accounting, so IO waits
-  come from thread states and PSI instead.
+- :class:`ProcSource` (1 Hz): CPU %, RSS and storage bytes/s of every process; system CPU,
+  IO and memory pressure (PSI), swap-ins, and the reads of the busiest block device
+  (:class:`DiskRates`: request size, requests in flight, busy time, as iostat derives them).
+  ``cpu_times().iowait`` is 0 without kernel delay accounting, so IO waits come from thread
+  states and PSI instead.
 - :class:`ThreadStateSource` (10 Hz): for every thread of the main and worker processes, its
   state letter and, for a blocked thread, the syscall it waits in (``/proc/PID/task/TID/syscall``),
   so a wait is told apart: disk (state D), timer sleep, waiting on another thread or process,
@@ -185,6 +187,97 @@ def _exe(proc: psutil.Process) -> str:
         return ""
 
 
+class _PsiRate:
+    """``some`` stall share, %, of one ``/proc/pressure/*`` file between two reads.
+
+    The ``total=`` field of the ``some`` line is cumulative stall time in microseconds (kernel
+    Documentation/accounting/psi.rst); the share is its growth over the wall time between reads.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._prev: tuple[float, float] | None = None
+
+    def sample(self, now: float) -> float | None:
+        """The share since the previous call, %; ``None`` on the first call or without PSI."""
+        try:
+            total_us = float(self.path.read_text().split("total=")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            return None
+        prev, self._prev = self._prev, (now, total_us)
+        if prev is None or now <= prev[0]:
+            return None
+        return max(0.0, 100.0 * (total_us - prev[1]) / 1e6 / (now - prev[0]))
+
+
+@dataclass(frozen=True)
+class DiskRate:
+    """Reads of one block device between two samples (see :class:`SystemSample`'s ``disk_*``)."""
+
+    name: str | None = None
+    read_bytes_per_s: float | None = None
+    reads_per_s: float | None = None
+    read_inflight: float | None = None
+    busy: float | None = None
+
+
+class DiskRates:
+    """Per-device read counters (``psutil.disk_io_counters(perdisk=True)``, i.e. ``/proc/diskstats``),
+    turned into the rates of the device that read the most bytes since the previous sample.
+
+    Only whole devices count (a name present in ``/sys/block``, as iostat(1) decides), so a
+    partition's reads are not counted twice. The counters are machine-wide: a device shared with
+    other programs shows their reads too (the report then shows the tree's own read rate beside it).
+    """
+
+    def __init__(self) -> None:
+        self._prev: tuple[float, dict[str, tuple[int, int, int, int]]] | None = None
+        self._whole: dict[str, bool] = {}
+        self.available = True
+
+    def _is_whole(self, name: str) -> bool:
+        known = self._whole.get(name)
+        if known is None:
+            known = self._whole[name] = os.access(f"/sys/block/{name.replace('/', '!')}", os.F_OK)
+        return known
+
+    def sample(self, now: float) -> DiskRate:
+        """Rates since the previous call; an empty :class:`DiskRate` on the first call or when
+        ``/proc/diskstats`` is unreadable (then :attr:`available` is False)."""
+        if not self.available:
+            return DiskRate()
+        try:
+            raw = psutil.disk_io_counters(perdisk=True, nowrap=True) or {}
+        except (OSError, RuntimeError, NotImplementedError):
+            self.available = False
+            return DiskRate()
+        counters = {
+            name: (c.read_bytes, c.read_count, c.read_time, getattr(c, "busy_time", 0))
+            for name, c in raw.items()
+            if self._is_whole(name)
+        }
+        prev, self._prev = self._prev, (now, counters)
+        if prev is None or now <= prev[0]:
+            return DiskRate()
+        dt = now - prev[0]
+        best: tuple[int, str] | None = None
+        for name, (rbytes, *_rest) in counters.items():
+            before = prev[1].get(name)
+            if before is not None and rbytes - before[0] > 0 and (best is None or rbytes - before[0] > best[0]):
+                best = (rbytes - before[0], name)
+        if best is None:
+            return DiskRate(read_bytes_per_s=0.0)
+        name = best[1]
+        (rbytes, rcount, rtime_ms, busy_ms), before = counters[name], prev[1][name]
+        return DiskRate(
+            name=name,
+            read_bytes_per_s=(rbytes - before[0]) / dt,
+            reads_per_s=max(0, rcount - before[1]) / dt,
+            read_inflight=max(0, rtime_ms - before[2]) / 1000.0 / dt,
+            busy=min(1.0, max(0, busy_ms - before[3]) / 1000.0 / dt),
+        )
+
+
 class ProcSource:
     """CPU, memory and storage IO of each process of the tree, and system load (psutil, PSI).
 
@@ -202,8 +295,10 @@ class ProcSource:
         self.status = SourceStatus.ok()
         # pid -> (t, cpu seconds, read_bytes, write_bytes, create_time)
         self._prev: dict[int, tuple[float, float, int | None, int | None, float]] = {}
-        self._prev_psi: tuple[float, float] | None = None
-        self._psi_path = Path("/proc/pressure/io")
+        self._io_psi = _PsiRate(Path("/proc/pressure/io"))
+        self._mem_psi = _PsiRate(Path("/proc/pressure/memory"))
+        self._disks = DiskRates()
+        self._prev_swap: tuple[float, int] | None = None
         self.cpu_pct: dict[int, float] = {}  # pid -> CPU % of one core in the latest sample
         psutil.cpu_percent(interval=None)  # baseline for the first system sample
 
@@ -269,20 +364,31 @@ class ProcSource:
         )
 
     def _sample_system(self, now: float) -> SystemSample:
-        io_some: float | None = None
-        try:
-            total_us = float(self._psi_path.read_text().split("total=")[1].split()[0])
-            if self._prev_psi is not None and now > self._prev_psi[0]:
-                io_some = 100.0 * (total_us - self._prev_psi[1]) / 1e6 / (now - self._prev_psi[0])
-            self._prev_psi = (now, total_us)
-        except (OSError, IndexError, ValueError):
-            pass
         mains = self.tree.mains()
+        disk = self._disks.sample(now)
+        swap_in: float | None = None
+        available: int | None = None
+        try:
+            sin = psutil.swap_memory().sin
+            if self._prev_swap is not None and now > self._prev_swap[0]:
+                swap_in = max(0.0, (sin - self._prev_swap[1]) / (now - self._prev_swap[0]))
+            self._prev_swap = (now, sin)
+            available = psutil.virtual_memory().available
+        except (OSError, RuntimeError, AttributeError):
+            pass
         return SystemSample(
             t=now,
             cpu_pct=psutil.cpu_percent(interval=None),
-            io_some_pct=io_some,
+            io_some_pct=self._io_psi.sample(now),
             usable_cpus=usable_cpus(mains[0] if mains else self.tree.root),
+            disk=disk.name,
+            disk_read_bytes_per_s=disk.read_bytes_per_s,
+            disk_reads_per_s=disk.reads_per_s,
+            disk_read_inflight=disk.read_inflight,
+            disk_busy=disk.busy,
+            swap_in_bytes_per_s=swap_in,
+            mem_some_pct=self._mem_psi.sample(now),
+            mem_available_bytes=available,
         )
 
     def close(self) -> None:
