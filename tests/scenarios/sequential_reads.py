@@ -61,15 +61,15 @@ class Chunks(Dataset[torch.Tensor]):
         return data[::STRIDE].clone() if self.subsample else data
 
 
-def main(name: str = NAME, doc: str | None = __doc__, workers: int = 0) -> None:
-    """Train on the file's chunks with ``workers`` DataLoader workers (see the module docstring)."""
+def main(name: str = NAME, doc: str | None = __doc__, workers: int = 0, batch: int = BATCH) -> None:
+    """Train on the file's chunks with ``workers`` DataLoader workers, ``batch`` samples a step."""
     args = sc.parse_args(name, doc)
     sc.seed()
     device = torch.device(args.device)
     with sc.Run(name, device) as run:
         loader = DataLoader(
             Chunks(sc.data_file("scn_sequential.bin", FILE_SIZE, name), args.relieve, subsample=workers > 0),
-            batch_size=BATCH,
+            batch_size=batch,
             shuffle=False,  # sequential through the file
             drop_last=True,
             num_workers=workers,
@@ -81,7 +81,7 @@ def main(name: str = NAME, doc: str | None = __doc__, workers: int = 0) -> None:
             raw = sc.to_device(batch, device)  # (BATCH, SAMPLE) or, subsampled, (BATCH, SAMPLE // STRIDE) uint8
             if raw.shape[1] == SAMPLE:
                 raw = raw[:, ::STRIDE]
-            x = raw.reshape(BATCH, FEAT, 16).float().mean(-1) / 255.0
+            x = raw.reshape(raw.shape[0], FEAT, 16).float().mean(-1) / 255.0
             y = (x[:, :64].mean(1) > 0.5).long()
             loss = F.cross_entropy(model((x - 0.5) * 10), y)
             opt.zero_grad(set_to_none=True)

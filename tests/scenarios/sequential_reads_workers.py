@@ -2,7 +2,7 @@
 
 Bottleneck: the training of sequential_reads (one 2 MiB O_DIRECT read per sample,
 samples in file order, 1 GiB random-bytes file, a small MLP on top), but with
-3 DataLoader workers: three large reads are in flight at once and the block
+batches of 8 samples (16 MiB) and 3 DataLoader workers: three large reads are in flight at once and the block
 device is busy nearly all the time, streaming at its bandwidth.  More workers add
 requests to its queue, not bytes per second.
 
@@ -26,4 +26,4 @@ SUB_CAUSE = "storage-bandwidth"
 NAME = "sequential_reads_workers"
 
 if __name__ == "__main__":
-    sequential_reads.main(NAME, __doc__, workers=3)
+    sequential_reads.main(NAME, __doc__, workers=3, batch=8)
