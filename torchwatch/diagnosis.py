@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchwatch import expr
-from torchwatch.cpus import suggested_workers
+from torchwatch.cpus import io_bound_workers, suggested_workers
 from torchwatch.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
 from torchwatch.rules_engine import LABELS, Rule, fill
 
@@ -114,6 +114,10 @@ def template_values(features: Features) -> dict[str, Any]:
     values: dict[str, Any] = dict(features)
     cpus = features.get("usable_cpus")
     values["suggested_workers"] = suggested_workers(cpus) if cpus else None
+    alive, wcpu = features.get("worker_count"), features.get("workers_cpu_pct")
+    values["io_workers"] = (
+        io_bound_workers(cpus, alive, wcpu) if cpus and alive is not None and wcpu is not None else None
+    )
     set_workers = features.get("dl_num_workers")
     values["num_workers"] = set_workers if set_workers is not None else features.get("worker_count")
     values["loader_settings"] = _loader_settings(features)

@@ -46,6 +46,7 @@ LABELS = ("gpu-bound", "io-bound", "dataloader-bound", "cpu-bound", "undetermine
 SEVERITIES = ("info", "warning", "critical")
 TEMPLATE_VALUES = {
     "suggested_workers": "DataLoader workers to suggest: usable CPUs minus one for the loop",
+    "io_workers": "DataLoader workers the CPUs carry when workers mostly wait on storage (cpus.io_bound_workers)",
     "num_workers": "DataLoader num_workers as set (hook), else the workers alive (psutil)",
     "loader_settings": "text: the DataLoader's settings as set, e.g. 'num_workers=0, batch_size=32, pin_memory=False'",
     "amp_state": "text: 'bf16 autocast on', 'no autocast seen' or 'unknown (no hook)'",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from torchwatch import cpus
-from torchwatch.cpus import _read_v1_quota, _read_v2_quota, suggested_workers, usable_cpus
+from torchwatch.cpus import _read_v1_quota, _read_v2_quota, io_bound_workers, suggested_workers, usable_cpus
 
 
 def test_usable_cpus_is_within_bounds() -> None:
@@ -68,3 +68,18 @@ def test_quota_caps_affinity_but_not_below_one(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(("n", "want"), [(1.0, 1), (1.5, 1), (2.0, 1), (2.9, 1), (3.0, 2), (16.0, 15)])
 def test_suggested_workers(n: float, want: int) -> None:
     assert suggested_workers(n) == want
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "cpu_pct", "want"),
+    [
+        (2.0, 2.0, 63.0, 3),  # recorded random_reads_workers: 1 spare CPU / 0.315 core per worker
+        (16.0, 4.0, 40.0, 64),  # 0.1 core per worker: 15 / 0.1 = 150, capped at 4 per CPU
+        (8.0, 4.0, 400.0, 7),  # CPU-busy workers: no more than suggested_workers
+        (8.0, 8.0, 800.0, 8),  # never below the workers already running
+        (4.0, 2.0, 0.0, 16),  # idle workers: floored at 0.05 core each, then capped
+        (4.0, 0.0, 0.0, 3),  # no workers: the plain suggestion
+    ],
+)
+def test_io_bound_workers(cpus: float, workers: float, cpu_pct: float, want: int) -> None:
+    assert io_bound_workers(cpus, workers, cpu_pct) == want
