@@ -10,6 +10,7 @@ from typing import Any
 from torchwatch.diagnosis import Analysis
 from torchwatch.features import CATALOGUE
 from torchwatch.readings import SourceStatus
+from torchwatch.rules_engine import human_bytes
 
 SCHEMA = "torchwatch.report/1"
 
@@ -70,7 +71,7 @@ def _clean(value: Any) -> Any:
 
 
 def format_value(name: str, value: float | None) -> str:
-    """A feature value with its unit for people: ``62%``, ``1.5 MB/s``, ``n/a``."""
+    """A feature value with its unit for people: ``62%``, ``1.5 MiB/s``, ``4.0 KiB``, ``0.065 ms``, ``n/a``."""
     if value is None:
         return "n/a"
     unit = CATALOGUE[name].unit if name in CATALOGUE else ""
@@ -79,18 +80,18 @@ def format_value(name: str, value: float | None) -> str:
     if unit == "%":
         return f"{value:.0f}%"
     if unit == "bytes/s":
-        return f"{value / 1e6:.1f} MB/s"
+        return f"{human_bytes(value)}/s"
     if unit == "bytes":
-        return f"{value / 1e6:.0f} MB"
+        return human_bytes(value)
     if unit == "ms":
-        return f"{value:.1f} ms"
+        return f"{value:.3g} ms" if abs(value) < 100 else f"{value:.0f} ms"
     if unit == "steps/s":
         return f"{value:.2f} steps/s"
     if unit == "s":
         return f"{value:.0f} s"
     if unit == "flag":
         return "yes" if value else "no"
-    return f"{value:g}"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
 
 
 def _pct(v: Any) -> str:

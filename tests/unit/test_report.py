@@ -154,7 +154,7 @@ def test_render_text(busy: dict[str, Any]) -> None:
     for title in titles:
         assert title in text
     assert "nvml unavailable: NVML library not found" in text
-    assert "read_bytes_per_s=2.5 MB/s" in text
+    assert "read_bytes_per_s=2.4 MiB/s" in text  # 2.5e6 bytes/s
     assert "storage_wait_share=50%" in text
 
 
@@ -164,3 +164,20 @@ def test_status_line() -> None:
     assert "\n" not in line
     assert "io-bound" in line and "disk wait 50%" in line and "workers 2" in line
     assert "GPU n/a" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "text"),
+    [
+        ("disk_read_request_bytes", 4096.0, "4.0 KiB"),
+        ("disk_read_bytes_per_s", 1.2e9, "1.1 GiB/s"),
+        ("disk_read_await_ms", 0.0653, "0.0653 ms"),
+        ("step_time_p50_ms", 412.4, "412 ms"),
+        ("disk_read_queue", 1.70033, "1.7"),
+        ("burst_cpu_ops_per_step", 9123.0, "9123"),
+        ("storage_wait_share", 0.38, "38%"),
+        ("gpu_util_mean", None, "n/a"),
+    ],
+)
+def test_format_value_by_unit(name: str, value: float | None, text: str) -> None:
+    assert report.format_value(name, value) == text

@@ -191,6 +191,25 @@ def test_steps_from_hook_features_when_there_is_no_summary() -> None:
     assert "2.50 steps/s" in render.steps_text(view).plain
 
 
+def test_storage_line_shows_the_disk_and_swap_readings() -> None:
+    disk: dict[str, float | None] = {
+        "disk_read_bytes_per_s": 78 * 2**20,
+        "disk_read_request_bytes": 4096.0,
+        "disk_read_await_ms": 0.065,
+        "disk_read_queue": 1.77,
+        "disk_busy_share": 0.72,
+    }
+    view = snapshot.steps_view(None, disk, views.Trends(), 1.0)
+    line = "disk reads 78.0 MiB/s · 4.0 KiB per request · 0.07 ms each · 1.8 in flight · busy 72%"
+    assert view.storage == line
+    assert line in render.steps_text(view).plain
+    swapping = snapshot.storage_line({"swap_in_bytes_per_s": 30e6, "memory_pressure_pct": 41.0})
+    assert swapping == "swap-in 28.6 MiB/s · memory stalls 41%"
+    # too few requests for a size (reads served from the page cache), nothing swapped in
+    quiet = {"disk_read_bytes_per_s": 1e5, "disk_read_request_bytes": None, "swap_in_bytes_per_s": 0.0}
+    assert snapshot.storage_line(quiet) is None
+
+
 def test_hook_unavailable_says_why() -> None:
     view = snapshot.steps_view({"status": "unavailable", "reason": "PID 9 has no hook"}, {}, views.Trends(), 1.0)
     assert "steps: n/a: PID 9 has no hook" in render.steps_text(view).plain

@@ -271,6 +271,8 @@ def steps_text(steps: StepsView) -> Text:
         extra.append(f"AMP {steps.amp}")
     if extra:
         text.append("\n" + " · ".join(extra), style="dim")
+    if steps.storage:
+        text.append("\n" + steps.storage, style="dim")
     for err in steps.errors:
         text.append(f"\nhook error: {err}", style="red")
     return text
