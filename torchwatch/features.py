@@ -127,7 +127,12 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "read requests in flight on average while the device is busy (read part of aqu-sz / %util)",
     ),
     ("disk_busy_share", "share", "diskstats", "wall time the device has >= 1 request in flight (iostat %util)"),
-    ("disk_tree_share", "share", "psutil+diskstats", "the training's storage reads / that device's reads"),
+    (
+        "disk_tree_share",
+        "share",
+        "psutil+diskstats",
+        "the training's storage reads / that device's reads (> 1: it reads from elsewhere too)",
+    ),
     ("swap_in_bytes_per_s", "bytes/s", "vmstat", "machine-wide swap-ins (pswpin), bytes/s"),
     ("memory_pressure_pct", "%", "psi", "wall time with at least one task stalled on memory (PSI some)"),
     ("mem_available_bytes", "bytes", "psutil", "memory available without swapping (MemAvailable), lowest in window"),
@@ -419,8 +424,10 @@ def _disk_features(window: Window) -> Features:
 
 
 def _disk_tree_share(f: Features) -> Features:
+    """The tree's storage reads over the busiest device's, not clipped: above 1 the training reads
+    more than that device serves (another device, or a network file system counted in read_bytes)."""
     tree, disk = f.get("read_bytes_per_s"), f.get("disk_read_bytes_per_s")
-    return {"disk_tree_share": None if tree is None or not disk else min(1.0, tree / disk)}
+    return {"disk_tree_share": None if tree is None or not disk else tree / disk}
 
 
 def _gpu_features(window: Window) -> Features:

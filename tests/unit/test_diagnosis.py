@@ -428,6 +428,20 @@ def test_recorded_storage_windows_name_latency_or_bandwidth(
         assert "n/a" not in f.summary + "".join(fx.detail for fx in f.fixes), f.rule
 
 
+@pytest.mark.parametrize("share", [0.1, 50.0])
+def test_storage_sub_causes_stand_back_when_the_device_is_not_the_trainings(share: float) -> None:
+    # 0.1: the disk mostly serves another program; 50: the training reads from elsewhere (NFS)
+    small = features(
+        **{**_STORAGE, "disk_read_request_bytes": 4096.0, "disk_read_queue": 1.0, "disk_tree_share": share}
+    )
+    large = features(
+        **{**_STORAGE, "disk_read_request_bytes": 2**20, "disk_busy_share": 0.97, "disk_tree_share": share}
+    )
+    for values in (small, large):
+        found = ids(settle(values))
+        assert "storage-wait" in found and not found & {"storage-latency", "storage-bandwidth"}
+
+
 def test_recorded_latency_bound_workers_are_told_to_outnumber_the_cpus() -> None:
     # 2 workers on 2 CPUs, 65 % of their time in disk wait, 63 % of a core in all: the spare CPU
     # carries 3 (the scenario ran 16.2 / 22 / 29 steps/s with 2 / 3 / 4 workers).

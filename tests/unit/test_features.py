@@ -421,6 +421,9 @@ def test_disk_tree_share_compares_the_trees_reads_with_the_devices() -> None:
     system = [disk_sample(1.0, "vda", 4e6, 100, 0.1, 0.5), disk_sample(2.0, "vda", 4e6, 100, 0.1, 0.5)]
     f = compute(window(processes=procs, system=system), MAIN)
     assert f["disk_tree_share"] == pytest.approx(0.5)
+    # the tree reads 50x what the local disk serves (a network file system): not clipped to 1
+    far = [disk_sample(1.0, "vda", 4e4, 100, 0.1, 0.5), disk_sample(2.0, "vda", 4e4, 100, 0.1, 0.5)]
+    assert compute(window(processes=procs, system=far), MAIN)["disk_tree_share"] == pytest.approx(50.0)
 
 
 def test_memory_features() -> None:
