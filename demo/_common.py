@@ -1,7 +1,8 @@
 """Shared helpers for the torchwatch demo trainings.
 
 Argument parsing (``--seconds``, ``--device``, ``--relieve``, optional
-``--num-workers``), seeding, moving batches to the device, and the training
+``--num-workers``), seeding, moving batches to the device, a small CNN and one
+plain classification step (``small_cnn``, ``sgd_step``), and the training
 loop driver that prints ``demo NAME: step N, R steps/s`` about every 2 s to
 stderr and, at the end (also on Ctrl-C / SIGTERM), the final line::
 
@@ -22,6 +23,7 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 import torch
+import torch.nn.functional as F
 from typing_extensions import Self
 
 REPORT_EVERY_S = 2.0
@@ -75,6 +77,29 @@ def to_device(batch: Any, device: torch.device) -> Any:
             return batch
         return batch.to(device, non_blocking=batch.is_pinned())
     return type(batch)(to_device(b, device) for b in batch)
+
+
+def small_cnn() -> torch.nn.Module:
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
+
+
+def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One ordinary classification step; returns the detached loss."""
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    opt.step()
+    return loss.detach()
 
 
 def say(name: str, text: str) -> None:

@@ -23,7 +23,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -122,24 +121,12 @@ def main() -> None:
             persistent_workers=args.num_workers > 0,
             pin_memory=device.type == "cuda",
         )
-        model = nn.Sequential(
-            nn.Conv2d(3, 16, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(32, 10),
-        ).to(device)
+        model = _common.small_cnn().to(device)
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
 
         def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             x, y = _common.to_device(batch, device)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            return _common.sgd_step(model, opt, x, y)
 
         run.train(loader, step, args.seconds)
 

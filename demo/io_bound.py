@@ -25,7 +25,6 @@ import sys
 import tempfile
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -133,11 +132,7 @@ def main() -> None:
             raw = _common.to_device(batch, device)  # (BATCH, READS, BLOCK) uint8
             x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1) / 255.0
             y = (x[:, :64].mean(1) > 0.5).long()  # target: a function of the record bytes
-            loss = F.cross_entropy(model((x - 0.5) * 10), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            return _common.sgd_step(model, opt, (x - 0.5) * 10, y)
 
         run.train(loader, step, args.seconds)
 

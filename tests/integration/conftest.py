@@ -46,25 +46,16 @@ def torchwatch(
     return Watched(proc.returncode, proc.stdout, proc.stderr, report)
 
 
+def headless_run(duration: float, out: Path, *command: str) -> list[str]:
+    """Arguments of ``torchwatch run --headless --duration D --json OUT -- COMMAND``."""
+    return ["run", "--headless", "--duration", str(duration), "--json", str(out), "--", *command]
+
+
 def watch_demo(tmp_path: Path, demo: str, *demo_args: str, duration: float = 20.0) -> Watched:
     """``torchwatch run --headless --duration D --json out -- python demo/DEMO.py ARGS``."""
     out = tmp_path / f"{demo}-{int(time.time() * 1000)}.json"
-    return torchwatch(
-        "run",
-        "--headless",
-        "--duration",
-        str(duration),
-        "--json",
-        str(out),
-        "--",
-        sys.executable,
-        str(DEMO / f"{demo}.py"),
-        "--device",
-        "cpu",
-        *demo_args,
-        json_path=out,
-        timeout=duration + 90,
-    )
+    command = (sys.executable, str(DEMO / f"{demo}.py"), "--device", "cpu", *demo_args)
+    return torchwatch(*headless_run(duration, out, *command), json_path=out, timeout=duration + 90)
 
 
 def python_children_of(pid: int) -> list[int]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import DEMO, REPO, torchwatch
+from tests.integration.conftest import DEMO, REPO, headless_run, torchwatch
 from torchwatch.hook import publish
 from torchwatch.sources.hook import hook_dir
 
@@ -24,19 +24,7 @@ SMALL = Path(__file__).with_name("_small_train.py")
 def _start(tmp_path: Path, *args: str, duration: float = 40.0) -> tuple[subprocess.Popen[str], Path]:
     out = tmp_path / "report.json"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchwatch",
-            "run",
-            "--headless",
-            "--duration",
-            str(duration),
-            "--json",
-            str(out),
-            "--",
-            *args,
-        ],
+        [sys.executable, "-m", "torchwatch", *headless_run(duration, out, *args)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

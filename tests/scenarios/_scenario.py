@@ -31,6 +31,17 @@ seed = _common.seed
 say = _common.say
 to_device = _common.to_device
 Run = _common.Run
+small_cnn = _common.small_cnn
+sgd_step = _common.sgd_step
+
+
+def batch_at(
+    x_all: torch.Tensor, y_all: torch.Tensor, i: int, size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch ``i`` of ``size`` rows of in-memory data, wrapping around, on ``device``."""
+    j = (i * size) % len(x_all)
+    return x_all[j : j + size].to(device), y_all[j : j + size].to(device)
+
 
 DATA_DIR = os.environ.get("TORCHWATCH_DEMO_DIR") or os.path.join(tempfile.gettempdir(), "torchwatch-demo")
 
@@ -114,26 +125,3 @@ def heavy_augment(img: torch.Tensor, rounds: int = 3) -> torch.Tensor:
         b = _blur(img)
         img = img + 0.5 * (img - b)
     return (img - img.mean((1, 2), keepdim=True)) / (img.std((1, 2), keepdim=True) + 1e-5)
-
-
-def small_cnn() -> torch.nn.Module:
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, stride=2, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(32, 10),
-    )
-
-
-def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """One ordinary classification step; returns the detached loss."""
-    loss = F.cross_entropy(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]
-    opt.step()
-    return loss.detach()

@@ -16,7 +16,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,13 +40,8 @@ def main() -> None:
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
         def step(i: int) -> torch.Tensor:
-            j = (i * BATCH) % N_SAMPLES
-            x, y = x_all[j : j + BATCH].to(device), y_all[j : j + BATCH].to(device)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
+            return sc.sgd_step(model, opt, x, y)
 
         run.train(itertools.count(), step, args.seconds)
 

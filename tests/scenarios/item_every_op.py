@@ -54,8 +54,7 @@ def main() -> None:
         log: list[float] = []
 
         def step(i: int) -> torch.Tensor:
-            j = (i * BATCH) % N_SAMPLES
-            x, y = x_all[j : j + BATCH].to(device), y_all[j : j + BATCH].to(device)
+            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
             pred = model(x)
             loss = batched_loss(pred, y) if args.relieve else scalar_loss(pred, y, log)
             opt.zero_grad(set_to_none=True)

@@ -22,7 +22,6 @@ import threading
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -66,13 +65,8 @@ def main() -> None:
                 with torch.no_grad():
                     for p, r in zip(model.parameters(), ref, strict=False):
                         p.mul_(0.99).add_(r, alpha=0.01)
-            j = (i * BATCH) % N_SAMPLES
-            x, y = x_all[j : j + BATCH].to(device), y_all[j : j + BATCH].to(device)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
+            return sc.sgd_step(model, opt, x, y)
 
         try:
             run.train(itertools.count(), step, args.seconds)

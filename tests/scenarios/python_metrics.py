@@ -72,8 +72,7 @@ def main() -> None:
         hist_t = torch.zeros(10, dtype=torch.long)
 
         def step(i: int) -> torch.Tensor:
-            j = (i * BATCH) % N_SAMPLES
-            x, y = x_all[j : j + BATCH].to(device), y_all[j : j + BATCH].to(device)
+            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
             logits = model(x)
             loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)

@@ -20,7 +20,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -77,11 +76,7 @@ def main() -> None:
             raw = sc.to_device(batch, device)
             x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1) / 255.0
             y = (x[:, :64].mean(1) > 0.5).long()
-            loss = F.cross_entropy(model((x - 0.5) * 10), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
 
         run.train(loader, step, args.seconds)
 

@@ -22,7 +22,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -60,11 +59,7 @@ def main() -> None:
                 raw = torch.frombuffer(reader.read((blocks * BLOCK).tolist(), BLOCK), dtype=torch.uint8)
             x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1).to(device) / 255.0
             y = (x[:, :64].mean(1) > 0.5).long()
-            loss = F.cross_entropy(model((x - 0.5) * 10), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
 
         run.train(itertools.count(), step, args.seconds)
 

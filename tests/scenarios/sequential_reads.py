@@ -21,7 +21,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -83,11 +82,7 @@ def main(name: str = NAME, doc: str | None = __doc__, workers: int = 0, batch: i
                 raw = raw[:, ::STRIDE]
             x = raw.reshape(raw.shape[0], FEAT, 16).float().mean(-1) / 255.0
             y = (x[:, :64].mean(1) > 0.5).long()
-            loss = F.cross_entropy(model((x - 0.5) * 10), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            return loss.detach()
+            return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
 
         run.train(loader, step, args.seconds)
 

@@ -16,7 +16,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,15 +37,11 @@ def main() -> None:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step(i: int) -> torch.Tensor:
-            j = (i * BATCH) % N_SAMPLES
-            x, y = x_all[j : j + BATCH].to(device), y_all[j : j + BATCH].to(device)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
+            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
+            loss = sc.sgd_step(model, opt, x, y)
             if not args.relieve:
                 time.sleep(PAUSE)  # rate limiter
-            return loss.detach()
+            return loss
 
         run.train(itertools.count(), step, args.seconds)
 
