@@ -82,7 +82,6 @@ def run_demo(demo: str, seconds: float, hooked: bool) -> float:
 def burst_cost(n: int, seconds: float) -> dict[str, Any]:
     """Run ``n`` bursts on the dataloader demo, one every few seconds; their costs."""
     from torchwatch.bursts import wait_for_burst
-    from torchwatch.hook import publish
     from torchwatch.sources.hook import HookReader
 
     cmd = [sys.executable, str(REPO / "demo" / "dataloader_bound.py"), "--device", "cpu", "--seconds", str(seconds)]
@@ -92,20 +91,21 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
         reader = HookReader(proc.pid)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            snap = publish.read_counters(reader.dir / publish.COUNTERS_FILE)
+            reader = HookReader(proc.pid)  # again: the process instance is known once it runs
+            snap = reader.counters() if reader.info() is not None else None
             if snap is not None and snap.steps >= 10:
                 break
             time.sleep(0.2)
         for i in range(n):
             time.sleep(5.5)  # past the hook's cooldown
-            before = publish.read_counters(reader.dir / publish.COUNTERS_FILE)
+            before = reader.counters()
             assert before is not None
             normal = statistics.median(e[1] for e in before.entries[-20:])
             ok, msg = reader.request_burst({})
             if not ok:
                 raise SystemExit(f"bench/hook_cost.py: {msg}")
             s = wait_for_burst(reader, i, 120)
-            after = publish.read_counters(reader.dir / publish.COUNTERS_FILE)
+            after = reader.counters()
             assert after is not None
             steps = [e for e in after.entries if e[0] > before.last_step_t]
             burst_steps = steps[: 1 + int(s.get("steps") or 0) + 1]  # warmup + active + the one that ends it

@@ -14,8 +14,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import DEMO, REPO, headless_run, torchwatch
-from torchwatch.hook import publish
-from torchwatch.sources.hook import hook_dir
+from torchwatch.sources.hook import HookReader
 
 pytestmark = pytest.mark.integration
 SMALL = Path(__file__).with_name("_small_train.py")
@@ -42,7 +41,8 @@ def _hooked_pid(root: int, min_steps: int, timeout: float = 60.0) -> int:
         except psutil.NoSuchProcess:
             break
         for p in kids:
-            snap = publish.read_counters(hook_dir(p.pid) / publish.COUNTERS_FILE)
+            rd = HookReader(p.pid)
+            snap = rd.counters() if rd.info() is not None else None
             if snap is not None and snap.steps >= min_steps:
                 return p.pid
         time.sleep(0.3)
@@ -100,9 +100,9 @@ def test_burst_refused_while_the_users_profiler_runs_and_training_goes_on(tmp_pa
         pid = _hooked_pid(proc.pid, min_steps=5)
         r = torchwatch("burst", str(pid), "--wait", "20", timeout=40)
         assert r.code == 1 and "another profiler" in r.stderr, r.stderr
-        before = publish.read_counters(hook_dir(pid) / publish.COUNTERS_FILE)
+        before = HookReader(pid).counters()
         time.sleep(1.5)
-        after = publish.read_counters(hook_dir(pid) / publish.COUNTERS_FILE)
+        after = HookReader(pid).counters()
         assert before is not None and after is not None and after.steps > before.steps  # still training
         stdout, _ = proc.communicate(timeout=90)
         assert "small_train:" in stdout  # it finished by itself

@@ -15,7 +15,8 @@ MODE, DIR = sys.argv[1], sys.argv[2]
 os.environ.setdefault("TORCHWATCH_BURST_COOLDOWN_S", "0")
 
 import torchwatch.hook  # noqa: E402
-from torchwatch.hook import publish, runtime  # noqa: E402
+from torchwatch.hook import runtime  # noqa: E402
+from torchwatch.sources.hook import HookReader  # noqa: E402
 
 installed = torchwatch.hook.install(directory=DIR)
 torch_before = "torch" in sys.modules
@@ -38,7 +39,7 @@ def worker_probe(worker_id: int) -> None:
 def state() -> dict:
     hook = runtime.current()
     assert hook is not None
-    return publish.read_json(hook.dir / publish.STATE_FILE) or {}
+    return HookReader(os.getpid(), hook.dir).info() or {}
 
 
 def main() -> None:
@@ -112,9 +113,15 @@ def main() -> None:
             for _ in range(20):
                 x = torch.tanh(x @ x.T / 64)
             time.sleep(0.01)
+    elif MODE == "epoch_end":
+        for x, y in loader:  # to the end of the epoch: the last __next__ raises StopIteration
+            step(x, y)
+        time.sleep(0.5)  # a pause after the epoch (validation, checkpoint) is not a data wait
+        after = HookReader(os.getpid(), hook.dir).counters() if hook else None
+        out["in_next_since_after_epoch"] = None if after is None else after.in_next_since
     else:
         train(1.0)
-    snap = publish.read_counters(hook.dir / publish.COUNTERS_FILE) if hook else None
+    snap = HookReader(os.getpid(), hook.dir).counters() if hook else None
     out["state"] = state() if hook else None
     out["counters"] = (
         None

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from torchwatch import cpus
 from torchwatch.cpus import _read_v1_quota, _read_v2_quota, io_bound_workers, suggested_workers, usable_cpus
+from torchwatch.hook import cpus as hook_cpus
 
 
 def test_usable_cpus_is_within_bounds() -> None:
@@ -57,11 +57,11 @@ def test_read_v1_quota(tmp_path: Path, quota: str, period: str, want: float | No
 
 def test_quota_caps_affinity_but_not_below_one(monkeypatch: pytest.MonkeyPatch) -> None:
     affinity = float(len(os.sched_getaffinity(0)))
-    monkeypatch.setattr(cpus, "_cgroup_quota", lambda pid: 0.2)
+    monkeypatch.setattr(hook_cpus, "_cgroup_quota", lambda pid: 0.2)
     assert usable_cpus() == 1.0
-    monkeypatch.setattr(cpus, "_cgroup_quota", lambda pid: affinity + 8)
+    monkeypatch.setattr(hook_cpus, "_cgroup_quota", lambda pid: affinity + 8)
     assert usable_cpus() == affinity
-    monkeypatch.setattr(cpus, "_cgroup_quota", lambda pid: None)
+    monkeypatch.setattr(hook_cpus, "_cgroup_quota", lambda pid: None)
     assert usable_cpus() == max(1.0, affinity)
 
 

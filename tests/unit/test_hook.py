@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 
 from torchwatch.features import compute
-from torchwatch.hook import publish, should_install
+from torchwatch.hook import publish, should_install, wire
 from torchwatch.readings import HookState
-from torchwatch.sources.hook import HookReader
+from torchwatch.sources.hook import HookReader, instance_of
 from torchwatch.store import Window
 
 SCRIPT = Path(__file__).with_name("_hook_script.py")
@@ -25,16 +26,39 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # -- publish ----------------------------------------------------------------------------------
+INST = wire.Instance(123, 4567, 4026531836)
+
+
+def _dir_fd(path: Path) -> int:
+    return publish.open_dir(path, (os.geteuid(),), private=False)
+
+
+def _read_counters(path: Path, expect: wire.Instance | None = INST, retries: int = 5) -> wire.CounterSnapshot | None:
+    try:
+        fd = _dir_fd(path)
+    except OSError:
+        return None
+    try:
+        return publish.read_counters(fd, (os.geteuid(),), expect, retries)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def test_counters_round_trip_and_ring_keeps_the_newest(tmp_path: Path) -> None:
-    c = publish.Counters(tmp_path / "counters", pid=123)
+    fd = _dir_fd(tmp_path)
+    c = publish.Counters(fd, INST)
+    os.close(fd)
     c.step(1.0, None, 0.0)  # the first step has no known start
     for i in range(publish.RING + 10):
         c.next_started(2.0 + i)
         c.next_ended(2.0 + i + 0.25, 0.25)
         c.step(2.0 + i + 0.5, 0.5 + i * 1e-3, 0.25)
-    snap = publish.read_counters(tmp_path / "counters")
+    snap = _read_counters(tmp_path)
     assert snap is not None
     assert (snap.pid, snap.steps, snap.batches) == (123, publish.RING + 11, publish.RING + 10)
+    assert snap.instance == INST
     assert len(snap.entries) == publish.RING
     assert snap.entries[-1] == (2.0 + publish.RING + 9 + 0.5, pytest.approx(0.5 + (publish.RING + 9) * 1e-3), 0.25)
     assert snap.entries[0][0] < snap.entries[1][0]  # oldest first
@@ -43,11 +67,22 @@ def test_counters_round_trip_and_ring_keeps_the_newest(tmp_path: Path) -> None:
 
 
 def test_a_write_in_progress_is_never_read(tmp_path: Path) -> None:
-    c = publish.Counters(tmp_path / "counters", pid=1)
+    fd = _dir_fd(tmp_path)
+    c = publish.Counters(fd, INST)
+    os.close(fd)
     c.seq += 1  # odd: as if the hook were between the two halves of a write
-    publish._SEQ.pack_into(c._mm, 8, c.seq)
-    assert publish.read_counters(tmp_path / "counters", retries=2) is None
-    assert publish.read_counters(tmp_path / "missing") is None
+    wire.SEQ.pack_into(c._mm, 8, c.seq)
+    assert _read_counters(tmp_path, retries=2) is None
+    assert _read_counters(tmp_path / "missing") is None
+
+
+def test_counters_of_another_process_instance_are_refused(tmp_path: Path) -> None:
+    fd = _dir_fd(tmp_path)
+    publish.Counters(fd, INST)
+    os.close(fd)
+    assert _read_counters(tmp_path, expect=INST) is not None
+    assert _read_counters(tmp_path, expect=wire.Instance(123, 4568, INST.pidns)) is None  # PID reused
+    assert _read_counters(tmp_path, expect=wire.Instance(123, 4567, 1)) is None  # another PID namespace
 
 
 def test_base_dir_follows_the_targets_environment() -> None:
@@ -58,14 +93,20 @@ def test_base_dir_follows_the_targets_environment() -> None:
 
 def test_private_dir_and_atomic_files(tmp_path: Path) -> None:
     base = tmp_path / "tw"
-    d = publish.ensure_private_dir(base / "42", levels=2)
+    base_fd = publish.prepare_dir(base)
+    fd = publish.private_subdir(base_fd, "42")
+    d = base / "42"
     assert stat.S_IMODE(d.stat().st_mode) == 0o700 and stat.S_IMODE(base.stat().st_mode) == 0o700
-    publish.write_json_atomic(d / "hook.json", {"a": 1})
+    publish.write_atomic(fd, "hook.json", publish.encode_json({"a": 1}))
     assert stat.S_IMODE((d / "hook.json").stat().st_mode) == 0o600
-    assert publish.read_json(d / "hook.json") == {"a": 1}
+    me = (os.geteuid(),)
+    assert publish.read_json(fd, "hook.json", me, 100) == {"a": 1}
     (d / "bad.json").write_text("[1, 2")
-    assert publish.read_json(d / "bad.json") is None
+    with pytest.raises(wire.WireError, match="not JSON"):
+        publish.read_json(fd, "bad.json", me, 100)
     assert [p.name for p in d.iterdir() if p.name.startswith(".")] == []  # no temp file left
+    os.close(fd)
+    os.close(base_fd)
 
 
 def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
@@ -74,8 +115,8 @@ def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
     d = tmp_path / "foreign"
     d.mkdir()
     os.chown(d, 12345, 12345)
-    with pytest.raises(PermissionError):
-        publish.ensure_private_dir(d)
+    with pytest.raises(publish.Unsafe, match="belongs to uid 12345"):
+        publish.prepare_dir(d)
 
 
 # -- where the hook installs ------------------------------------------------------------------
@@ -99,6 +140,8 @@ def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
         (["python", "/usr/local/bin/torchrun", "--nproc-per-node=2", "train.py"], False),
         (["python", "/venv/bin/accelerate", "launch", "train.py"], False),
         (["python", "-m", "torch._inductor.compile_worker", "--pickler=x"], False),
+        (["/venv/bin/python", "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py"], False),
+        (["python", "-u", "/home/u/torch/train.py"], True),  # a directory named torch is fine
     ],
 )
 def test_should_install_only_in_training_processes(argv: list[str], yes: bool) -> None:
@@ -174,18 +217,22 @@ def test_hook_features_are_none_without_a_hook_or_for_another_pid() -> None:
 
 # -- burst requests from outside ----------------------------------------------------------------
 def _fake_hook_dir(tmp_path: Path, pid: int, **info: Any) -> Path:
-    d = tmp_path / str(pid)
-    d.mkdir()
+    inst = instance_of(pid)
+    d = tmp_path / inst.dir_name
+    d.mkdir(mode=0o700)
     state = {
         "schema": publish.SCHEMA,
-        "pid": pid,
+        "pid": inst.pid,
+        "start": inst.start,
+        "pidns": inst.pidns,
+        "started": 1.0,
         "signal": int(signal.SIGUSR2),
         "signal_owned": True,
         "burst": {"state": "idle", "count": 0},
         "errors": [],
     }
     state.update(info)
-    publish.write_json_atomic(d / publish.STATE_FILE, state)
+    (d / publish.STATE_FILE).write_text(json.dumps(state))
     return d
 
 
@@ -204,8 +251,8 @@ def test_no_signal_to_a_process_that_does_not_catch_it(tmp_path: Path) -> None:
 def test_no_burst_without_a_hook_or_when_the_hook_lost_the_signal(tmp_path: Path) -> None:
     ok, why = HookReader(os.getpid(), tmp_path / "none").burst_possible()
     assert not ok and "no hook" in why
-    d = _fake_hook_dir(tmp_path, 99, signal_owned=False, errors=["SIGUSR2 is already handled by the training"])
-    ok, why = HookReader(99, d).burst_possible()
+    d = _fake_hook_dir(tmp_path, os.getpid(), signal_owned=False, errors=["SIGUSR2 is already handled by the training"])
+    ok, why = HookReader(os.getpid(), d).burst_possible()
     assert not ok and "already handled" in why
 
 
@@ -244,7 +291,13 @@ def test_hook_measures_steps_settings_amp_and_runs_a_burst(tmp_path: Path) -> No
     with gzip.open(last["trace_path"], "rt") as f:
         trace = json.load(f)
     assert any(str(e.get("name", "")).startswith("ProfilerStep#") for e in trace["traceEvents"])
-    assert Path(last["trace_path"][: -len(".json.gz")] + ".summary.json").exists()
+    # one folder per run, one per burst holding only the trace, the summary beside it
+    trace_path, folder = Path(last["trace_path"]), Path(last["trace_dir"])
+    assert trace_path.parent == folder and folder.name == "burst-1"
+    assert re.fullmatch(rf"[A-Za-z0-9.-]+_{r['pid']}\.1\.pt\.trace\.json\.gz", trace_path.name), trace_path.name
+    assert [p.name for p in folder.iterdir()] == [trace_path.name]
+    assert json.loads((folder.parent / "burst-1.summary.json").read_text())["id"] == 1
+    assert folder.parent.parent == tmp_path / "traces"
     assert not Path(r["dir"]).exists()  # published files removed at exit
 
 
@@ -281,12 +334,36 @@ def test_twenty_bursts_in_a_row_keep_rss_bounded(tmp_path: Path) -> None:
 
 
 def test_directories_of_dead_processes_are_removed(tmp_path: Path) -> None:
-    from torchwatch.hook.runtime import _remove_stale
+    me = wire.self_instance()
+    dead = wire.Instance(4194303, 1, me.pidns)  # no such PID (pid_max is at most 2**22)
+    reused = wire.Instance(me.pid, me.start + 1, me.pidns)  # this PID, another start time
+    other_ns = wire.Instance(4194303, 1, me.pidns + 1)  # cannot be told from here: kept
+    for inst in (dead, reused, other_ns, me):
+        (tmp_path / inst.dir_name).mkdir(mode=0o700)
+        (tmp_path / inst.dir_name / wire.STATE_FILE).write_text("{}")
+    (tmp_path / "999999999").mkdir()  # not a hook directory's name: kept
+    fd = _dir_fd(tmp_path)
+    removed = publish.remove_stale(fd, me)
+    os.close(fd)
+    assert sorted(removed) == sorted([dead.dir_name, reused.dir_name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other_ns.dir_name, me.dir_name, "999999999"])
 
-    (tmp_path / "999999999").mkdir()  # no such PID
-    (tmp_path / str(os.getpid())).mkdir()
-    _remove_stale(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]
+
+def test_a_stale_directory_holding_other_files_is_emptied_of_ours_only(tmp_path: Path) -> None:
+    me = wire.self_instance()
+    dead = tmp_path / wire.Instance(4194303, 1, me.pidns).dir_name
+    dead.mkdir(mode=0o700)
+    (dead / wire.COUNTERS_FILE).write_bytes(b"x")
+    (dead / "notes.txt").write_text("the user's")
+    fd = _dir_fd(tmp_path)
+    assert publish.remove_stale(fd, me) == []
+    os.close(fd)
+    assert sorted(p.name for p in dead.iterdir()) == ["notes.txt"]
+
+
+def test_a_post_epoch_pause_is_not_a_data_wait(tmp_path: Path) -> None:
+    r = run_script("epoch_end", tmp_path)
+    assert r["in_next_since_after_epoch"] == 0.0
 
 
 def test_run_preloads_the_hook_and_still_runs_the_users_sitecustomize(tmp_path: Path) -> None:

@@ -21,6 +21,10 @@ __all__ = ["install", "should_install"]
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
 _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
 _HELPER_MODULE_PREFIXES = ("torch._inductor.",)  # torch.compile's compile workers
+# ... also started as a script path: python .../torch/_inductor/compile_worker/__main__.py
+_HELPER_SCRIPT_DIRS = (os.path.join("torch", "_inductor", ""),)
+# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.hook_env).
+_PRELOAD_VARS = ("TORCHWATCH_HOOK", "TORCHWATCH_HOOK_PATH", "TORCHWATCH_BURST_AT")
 
 
 def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
@@ -52,22 +56,55 @@ def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
     script = next((a for a in args[1:] if not a.startswith("-")), "")
     if os.path.basename(script) in _LAUNCHER_SCRIPTS:
         return False, f"launcher ({os.path.basename(script)})"
+    if any(d in os.path.normpath(script) for d in _HELPER_SCRIPT_DIRS):
+        return False, f"torch helper process ({os.path.basename(os.path.dirname(script))})"
     return True, ""
 
 
-def _env_signal() -> int:
-    name = os.environ.get("TORCHWATCH_SIGNAL", "SIGUSR2").upper()
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    return int(getattr(signal, name, signal.SIGUSR2))
+def _env_signal() -> tuple[int, str]:
+    """The burst signal from ``$TORCHWATCH_SIGNAL`` (SIGUSR2 by default), or ``(0, why)``."""
+    from torchwatch.hook import wire
+
+    text = os.environ.get("TORCHWATCH_SIGNAL")
+    if not text:
+        return int(signal.SIGUSR2), ""
+    try:
+        return wire.parse_signal(text), ""
+    except wire.WireError as exc:
+        return 0, f"{exc}: bursts are off"
 
 
 def _env_burst_at() -> tuple[int, ...]:
     out = []
-    for part in os.environ.get("TORCHWATCH_BURST_AT", "").split(","):
-        if part.strip().isdigit():
+    for part in os.environ.get("TORCHWATCH_BURST_AT", "")[:4096].split(","):
+        part = part.strip()
+        if part.isdigit() and len(part) <= 18:
             out.append(int(part))
-    return tuple(out)
+    return tuple(out[:64])
+
+
+def _scrub_preload_env() -> None:
+    """Keep torchwatch run's pre-loading out of this process's children.
+
+    A child started with ``subprocess`` (a data-prep script, a tokenizer server) is not the
+    training: it must not get a hook, nor a burst signal handler that keeps it from dying on
+    that signal. Launchers (torchrun) keep the variables: their ranks are the training.
+    """
+    for var in _PRELOAD_VARS:
+        os.environ.pop(var, None)
+    path = os.environ.get("PYTHONPATH")
+    if path is None:
+        return
+    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
+    kept = [
+        p
+        for p in path.split(os.pathsep)
+        if os.path.abspath(p or os.curdir) != boot and not os.path.normpath(p).endswith(os.path.join("hook", "boot"))
+    ]
+    if kept:
+        os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        del os.environ["PYTHONPATH"]
 
 
 def install(
@@ -77,7 +114,9 @@ def install(
 
     Args:
         signum: the signal that asks for a profiler burst; default ``$TORCHWATCH_SIGNAL`` or SIGUSR2.
-            If the training already handles it, bursts are off (and the state says so).
+            Only SIGUSR1, SIGUSR2 and real-time signals are taken (any other turns bursts off,
+            with the reason in the hook's errors). If the training already handles it, bursts
+            are off too (and the state says so).
         burst_at: optimizer step counts at which to run a burst by itself; default
             ``$TORCHWATCH_BURST_AT`` (comma-separated).
         directory: where to publish; default :func:`torchwatch.hook.publish.base_dir`.
@@ -87,19 +126,20 @@ def install(
         does not belong in (DataLoader worker, launcher) or when it could not start.
     """
     try:
-        from torchwatch.hook import publish, runtime
+        from torchwatch.hook import publish, runtime, wire
 
         if runtime.current() is not None:
             return True
         ok, _why = should_install()
         if not ok:
             return False
+        _scrub_preload_env()
         base = Path(directory) if directory is not None else publish.base_dir()
-        runtime.start(
-            _env_signal() if signum is None else int(signum),
-            _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at),
-            base,
-        )
+        if signum is None:
+            sig, why = _env_signal()
+        else:
+            sig, why = (int(signum), "") if wire.signal_allowed(signum) else (0, f"signal {signum!r} is not allowed")
+        runtime.start(sig, _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at), base, why)
         return True
     except Exception as exc:  # the training comes first
         sys.stderr.write(f"torchwatch hook: not installed: {exc!r}\n")

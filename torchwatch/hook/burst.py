@@ -8,8 +8,18 @@ thread it profiles)::
                         \\--no step within arm_timeout_s: time-window mode (start now, stop at window_s)
 
 Exporting the trace and summarising it run in a background thread, so the training pays only
-for the profiled steps themselves. Bounds (FIELD.md: 1+ GB traces, OOM at stop, RSS growth
-across many short profiles): active steps, seconds, trace bytes; a cooldown between bursts.
+for the profiled steps themselves. Bounds (traces of 1+ GB and memory growth across many short
+profiles are known failure modes of always-on profiling): active steps, seconds, trace bytes
+(checked on the exported file before it is read); a cooldown between bursts.
+
+Where traces go (:func:`trace_dir`, one folder per training process and one per burst, so
+that HolisticTraceAnalysis, which keeps one trace per rank of a folder, and TensorBoard's
+profiler plugin, which reads ``*.pt.trace.json.gz``, each find exactly one burst)::
+
+    <trace_dir>/<host>_<pid>_<YYYYmmdd-HHMMSS>/          the run (this training process)
+        burst-1/<host>_<pid>.1.pt.trace.json.gz          burst 1 (one trace per rank, later)
+        burst-1.summary.json                              its summary, beside the folder
+        burst-2/...
 """
 
 from __future__ import annotations
@@ -17,58 +27,20 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
+import math
 import os
+import re
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import publish
+from torchwatch.hook import publish, wire
 
-
-@dataclass(frozen=True)
-class BurstParams:
-    """Bounds of one burst.
-
-    Attributes:
-        warmup: steps profiled but discarded first (the profiler's own start-up cost lands there).
-        steps: active steps recorded (at most 20).
-        max_s: seconds after which the burst stops at the next step boundary (or in time-window
-            mode, at the deadline).
-        window_s: length of a time-window burst, for processes that make no optimizer steps.
-        max_bytes: a trace larger than this is deleted (the summary is kept).
-        arm_timeout_s: seconds to wait for a step boundary before falling back to a time window.
-    """
-
-    warmup: int = 1
-    steps: int = 3
-    max_s: float = 10.0
-    window_s: float = 2.0
-    max_bytes: int = 200 * 1024 * 1024
-    arm_timeout_s: float = 3.0
-
-    @classmethod
-    def from_request(cls, req: dict[str, Any] | None) -> BurstParams:
-        """Params from a ``request.json`` dict, each value clamped to a safe range."""
-        d = cls()
-        if not req:
-            return d
-
-        def num(key: str, lo: float, hi: float, default: float) -> float:
-            v = req.get(key, default)
-            return min(hi, max(lo, float(v))) if isinstance(v, (int, float)) else default
-
-        return cls(
-            warmup=int(num("warmup", 0, 5, d.warmup)),
-            steps=int(num("steps", 1, 20, d.steps)),
-            max_s=num("max_s", 0.5, 60.0, d.max_s),
-            window_s=num("window_s", 0.2, 30.0, d.window_s),
-            max_bytes=int(num("max_bytes", 1e6, 2e9, d.max_bytes)),
-            arm_timeout_s=num("arm_timeout_s", 0.5, 60.0, d.arm_timeout_s),
-        )
+BurstParams = wire.BurstRequest  # the bounds of one burst, as torchwatch's request.json gives them
 
 
 def rss_bytes() -> int:
@@ -89,12 +61,36 @@ def trace_dir() -> Path:
     return Path(cache) / "torchwatch" / "traces"
 
 
+def _cooldown_s(default: float) -> float:
+    """``$TORCHWATCH_BURST_COOLDOWN_S`` (0 to 1 h), else ``default`` (also for nan, inf, junk)."""
+    try:
+        value = float(os.environ.get("TORCHWATCH_BURST_COOLDOWN_S", default))
+    except ValueError:
+        return default
+    return min(3600.0, max(0.0, value)) if math.isfinite(value) else default
+
+
+def run_name(instance: wire.Instance, started_wall: float) -> str:
+    """The folder of this training's traces: ``<host>_<pid>_<YYYYmmdd-HHMMSS>`` (local time the
+    hook started).
+
+    ``<host>_<pid>`` is the worker name TensorBoard's ``tensorboard_trace_handler`` uses. When
+    ranks exist (torchrun), the run becomes the launcher's and each burst folder gets one trace
+    per rank, the rank in the file name and in the trace's ``distributedInfo``.
+    """
+    return f"{_host()}_{instance.pid}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(started_wall))}"
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
+
+
 class Burster:
     """Runs bursts for the hook. Not thread-safe by design: call it from the main thread only.
 
     Args:
         torch: the imported ``torch`` module.
-        pid: this process.
+        instance: this process.
         interrupt: calls the hook's signal handler in the main thread (``_thread.interrupt_main``);
             used for time-window deadlines and the arm timeout. Returns False when it cannot.
         changed: called after every state change (the hook republishes ``hook.json``).
@@ -106,26 +102,26 @@ class Burster:
     def __init__(
         self,
         torch: Any,
-        pid: int,
+        instance: wire.Instance,
         interrupt: Callable[[], bool],
         changed: Callable[[], None],
         step_durations: Callable[[int], list[float]],
     ) -> None:
         self.torch = torch
-        self.pid = pid
+        self.instance = instance
+        self.pid = instance.pid
+        self.run = run_name(instance, time.time())
+        self.trace_root = trace_dir().absolute()  # fixed now: the training may chdir later
         self._interrupt = interrupt
         self._changed = changed
         self._step_durations = step_durations
-        try:
-            self.cooldown_s = max(0.0, float(os.environ.get("TORCHWATCH_BURST_COOLDOWN_S", self.COOLDOWN_S)))
-        except ValueError:
-            self.cooldown_s = self.COOLDOWN_S
+        self.cooldown_s = _cooldown_s(self.COOLDOWN_S)
         self.state = "idle"
         self.mode = ""
         self.count = 0
         self.params = BurstParams()
-        self.last: dict[str, Any] | None = None
-        self.last_refusal: dict[str, Any] | None = None
+        self.last: wire.BurstResult | None = None
+        self.last_refusal: wire.Refusal | None = None
         self.first_rss: int | None = None
         self._prof: Any = None
         self._window_rec: Any = None
@@ -139,15 +135,9 @@ class Burster:
         self._worker: threading.Thread | None = None
 
     # -- public, main thread --------------------------------------------------------------
-    def public_state(self) -> dict[str, Any]:
-        """JSON-ready state: ``{"state", "mode", "count", "last", "last_refusal"}``."""
-        return {
-            "state": self.state,
-            "mode": self.mode,
-            "count": self.count,
-            "last": self.last,
-            "last_refusal": self.last_refusal,
-        }
+    def public_state(self) -> wire.BurstState:
+        """The state as published in ``hook.json``: state, mode, count, last result and refusal."""
+        return wire.BurstState(self.state, self.mode, self.count, self.last, self.last_refusal)
 
     def refusal(self, now: float) -> str | None:
         """Why a burst cannot start now, or ``None`` when it can."""
@@ -170,7 +160,7 @@ class Burster:
         """
         why = self.refusal(now)
         if why is not None:
-            self.last_refusal = {"t": now, "reason": why, "source": source}
+            self.last_refusal = wire.Refusal(now, wire.clean_text(why, wire.TEXT), source)
             self._changed()
             return False
         self.params = params
@@ -303,60 +293,106 @@ class Burster:
         self._worker.start()
 
     def _summarize(self, prof: Any, info: dict[str, Any]) -> None:
-        """Background thread: export the trace, summarise it, gzip it, publish the result."""
+        """Background thread: export the trace, check its size, summarise it, gzip it, publish."""
         t0 = time.monotonic()
         result: dict[str, Any] = dict(info)
-        raw: Path | None = None
+        n = int(info["id"])
         try:
-            out = publish.ensure_private_dir(trace_dir())
-            stem = f"trace-{self.pid}-{info['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
-            raw = out / f".{stem}.json"
-            prof.export_chrome_trace(str(raw))
-            del prof
-            from torchwatch.hook.summary import load_trace, summarize_trace
-
-            trace = load_trace(raw)
-            try:
-                summary = summarize_trace(trace)
-            finally:
-                del trace
-            result.update(summary)
-            size = raw.stat().st_size
-            result["trace_bytes"] = size
-            if size > self.params.max_bytes:
-                result["trace_path"] = None
-                result["trace_note"] = (
-                    f"trace of {size / 1e6:.0f} MB exceeds the {self.params.max_bytes / 1e6:.0f} MB bound: deleted"
-                )
-            else:
-                final = out / f"{stem}.json.gz"
-                with open(raw, "rb") as src, gzip.open(final, "wb", compresslevel=3) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                os.chmod(final, 0o600)
-                result["trace_path"] = str(final)
-                result["trace_gz_bytes"] = final.stat().st_size
+            result.update(self._export(prof, n))
         except Exception as exc:
             result["error"] = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-        finally:
-            if raw is not None:
-                with contextlib.suppress(OSError):
-                    raw.unlink()
+        del prof
         gc.collect()
         result["summary_s"] = round(time.monotonic() - t0, 4)
         result["rss_before_bytes"] = self._rss_before
         result["rss_after_bytes"] = rss_bytes()
         result["rss_growth_since_first_bytes"] = result["rss_after_bytes"] - (self.first_rss or self._rss_before)
-        if result.get("trace_path"):
+        if isinstance(result.get("error"), str):
+            result["error"] = wire.clean_text(result["error"], wire.TEXT)
+        try:
+            last = wire.BurstResult.decode(result, "burst")
+        except wire.WireError as exc:  # a bug of ours: keep the burst's outcome visible
+            last = wire.BurstResult(n, error=f"summary did not validate: {exc}"[: wire.TEXT])
+        if last.trace_path is not None:
             with contextlib.suppress(OSError):
-                publish.write_json_atomic(Path(result["trace_path"][: -len(".json.gz")] + ".summary.json"), result)
-        self.last = result
+                self._write_summary(n, last)
+        self.last = last
         self._ended_at = time.monotonic()
         self.state, self.mode = "idle", ""
         self._changed()
 
+    def _export(self, prof: Any, n: int) -> dict[str, Any]:
+        """Export burst ``n``'s trace into its folder, summarise it if it is within the size
+        bound, gzip it. Returns the summary's and the trace's fields.
+
+        Raises:
+            OSError, ValueError: the trace folder cannot be used, or the trace cannot be read.
+        """
+        base_fd = publish.prepare_dir(self.trace_root, parents=True)
+        try:
+            run_fd = publish.private_subdir(base_fd, self.run)
+        finally:
+            os.close(base_fd)
+        try:
+            burst_fd = publish.private_subdir(run_fd, f"burst-{n}")
+        finally:
+            os.close(run_fd)
+        folder = self.trace_root / self.run / f"burst-{n}"
+        raw_name = f"{wire.TEMP_PREFIX}raw.{n}.json"
+        out: dict[str, Any] = {}
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(raw_name, dir_fd=burst_fd)
+            # torch writes by path: inside our own 0700 folder, which nobody else can change
+            prof.export_chrome_trace(str(folder / raw_name))
+            st = os.stat(raw_name, dir_fd=burst_fd, follow_symlinks=False)
+            out["trace_bytes"] = size = st.st_size
+            if size > self.params.max_bytes:
+                out["trace_path"] = None
+                out["trace_note"] = (
+                    f"trace of {size / 1e6:.0f} MB exceeds the {self.params.max_bytes / 1e6:.0f} MB bound: "
+                    "deleted unread"
+                )
+                out["error"] = out["trace_note"] + " (profile fewer steps)"
+                return out
+            from torchwatch.hook.summary import load_trace, summarize_trace
+
+            trace = load_trace(folder / raw_name)
+            try:
+                out.update(summarize_trace(trace))
+            finally:
+                del trace
+            final = f"{_host()}_{self.instance.pid}.{n}.pt.trace.json.gz"
+            fd = os.open(
+                final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=burst_fd
+            )
+            with (
+                open(raw_name, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW, dir_fd=burst_fd)) as src,
+                os.fdopen(fd, "wb") as raw_dst,
+                gzip.GzipFile(fileobj=raw_dst, mode="wb", compresslevel=3) as dst,
+            ):
+                shutil.copyfileobj(src, dst, 1 << 20)
+            out["trace_path"] = str(folder / final)
+            out["trace_dir"] = str(folder)
+            out["trace_gz_bytes"] = os.stat(final, dir_fd=burst_fd).st_size
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(raw_name, dir_fd=burst_fd)
+            os.close(burst_fd)
+        return out
+
+    def _write_summary(self, n: int, last: wire.BurstResult) -> None:
+        """``burst-<n>.summary.json`` beside the burst's folder (not in it: HTA reads every
+        ``.json`` of the folder it is given)."""
+        run_fd = publish.open_dir(self.trace_root / self.run, (os.geteuid(),), private=True)
+        try:
+            publish.write_atomic(run_fd, f"burst-{n}.summary.json", publish.encode_json(last.to_json()))
+        finally:
+            os.close(run_fd)
+
     def _abort(self, now: float, reason: str) -> None:
         self._cancel_timer()
-        self.last = {"id": self.count, "error": reason, "started_at": now}
+        self.last = wire.BurstResult(self.count, error=wire.clean_text(reason, wire.TEXT), started_at=now)
         self._ended_at = now
         self.state, self.mode = "idle", ""
         self._changed()
@@ -373,8 +409,3 @@ class Burster:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-
-
-def params_dict(params: BurstParams) -> dict[str, Any]:
-    """``params`` as a JSON-ready dict."""
-    return asdict(params)

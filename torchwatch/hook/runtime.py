@@ -19,8 +19,8 @@ import atexit
 import contextlib
 import importlib.abc
 import importlib.machinery
+import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -30,13 +30,23 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from torchwatch.hook import publish
+from torchwatch.hook import publish, wire
 from torchwatch.hook.burst import Burster, BurstParams
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
 
 _active = False  # module global: the cheapest check in the wrappers; False in forked children
+_said: set[str] = set()
+
+
+def _say(message: str) -> None:
+    """One line on stderr, once per message: why the hook is off (it never raises instead)."""
+    if message in _said:
+        return
+    _said.add(message)
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"torchwatch hook: {message}\n")
 
 
 def _monotonic() -> float:
@@ -58,21 +68,31 @@ def _batch_bytes(batch: Any, torch: Any, depth: int = 0, budget: list[int] | Non
     return 0
 
 
+def _count(value: object, hi: int = 1 << 62) -> int | None:
+    """``value`` when it is an int in ``0..hi`` (not a bool), else ``None``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= hi else None
+
+
+def _name(value: object, limit: int = wire.NAME) -> str:
+    return wire.clean_text(value if isinstance(value, str) else str(value), limit)
+
+
 def _loader_settings(loader: Any) -> dict[str, Any]:
     """The DataLoader's settings as the user passed them (the iterator's own ``_pin_memory`` is
-    False on a CPU-only machine even when the user asked for pinning)."""
+    False on a CPU-only machine even when the user asked for pinning), in the types of
+    :class:`wire.LoaderInfo`."""
     ctx = getattr(loader, "multiprocessing_context", None)
     ctx_name = getattr(ctx, "_name", None) if ctx is not None else None
     collate = getattr(loader, "collate_fn", None)
     return {
-        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
-        "batch_size": getattr(loader, "batch_size", None),
+        "num_workers": _count(getattr(loader, "num_workers", 0), 1 << 16) or 0,
+        "batch_size": _count(getattr(loader, "batch_size", None)),
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
-        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "prefetch_factor": _count(getattr(loader, "prefetch_factor", None), 1 << 20),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
-        "multiprocessing_context": ctx_name,
-        "dataset": type(getattr(loader, "dataset", None)).__name__,
-        "collate_fn": getattr(collate, "__name__", type(collate).__name__),
+        "multiprocessing_context": None if ctx_name is None else _name(ctx_name, 32),
+        "dataset": _name(type(getattr(loader, "dataset", None)).__name__),
+        "collate_fn": _name(getattr(collate, "__name__", type(collate).__name__)),
     }
 
 
@@ -86,13 +106,10 @@ class _LoaderRecord:
         self.wait_s = 0.0
         self.batch_bytes: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.settings,
-            "batches": self.batches,
-            "wait_s": round(self.wait_s, 4),
-            "batch_bytes": self.batch_bytes,
-        }
+    def info(self) -> wire.LoaderInfo:
+        return wire.LoaderInfo(
+            **self.settings, batches=self.batches, wait_s=round(self.wait_s, 4), batch_bytes=_count(self.batch_bytes)
+        )
 
 
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):
@@ -104,6 +121,15 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name != "torch":
             return None
+        try:
+            return self._find(name, path, target)
+        except Exception as exc:
+            # A finder that raises here raises again when the import system asks it itself:
+            # stepping aside changes nothing for the user's import.
+            _say(f"cannot watch the import of torch: {exc!r}")
+            return None
+
+    def _find(self, name: str, path: Any, target: Any) -> importlib.machinery.ModuleSpec | None:
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
@@ -124,13 +150,16 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: ModuleType) -> None:
                 loader.exec_module(module)
-                # put the real loader back, so nothing downstream sees ours
-                module.__loader__ = loader
-                if module.__spec__ is not None:
-                    module.__spec__.loader = loader
-                with contextlib.suppress(ValueError):
-                    sys.meta_path.remove(watcher)
-                watcher.callback(module)
+                try:
+                    # put the real loader back, so nothing downstream sees ours
+                    module.__loader__ = loader
+                    if module.__spec__ is not None:
+                        module.__spec__.loader = loader
+                    with contextlib.suppress(ValueError):
+                        sys.meta_path.remove(watcher)
+                    watcher.callback(module)
+                except Exception as exc:  # the user's import torch must succeed whatever the hook does
+                    _say(f"off: {exc!r}")
 
         spec.loader = _Loader()
         return spec
@@ -140,15 +169,23 @@ class Hook:
     """The hook of one training process. Create through :func:`torchwatch.hook.install`.
 
     Args:
-        directory: the per-user base directory (see :func:`publish.base_dir`).
-        signum: the signal that asks for a burst (SIGUSR2 by default).
+        directory: the per-user base directory (see :func:`publish.base_dir`); this process
+            publishes in ``directory/<pid>-<start>-<pidns>`` (:attr:`wire.Instance.dir_name`).
+        signum: the signal that asks for a burst (SIGUSR2 by default); 0: bursts off.
         burst_at: optimizer step counts at which to run a burst without a signal.
+        signal_error: why ``signum`` is 0 (recorded in the hook's errors).
+
+    Raises:
+        OSError: ``/proc`` is not mounted (the process instance cannot be told).
     """
 
-    def __init__(self, directory: Path, signum: int, burst_at: tuple[int, ...]) -> None:
-        self.pid = os.getpid()
-        self.dir = directory / str(self.pid)
-        self.signum = signum
+    def __init__(self, directory: Path, signum: int, burst_at: tuple[int, ...], signal_error: str = "") -> None:
+        self.instance = wire.self_instance()
+        self.pid = self.instance.pid
+        self.base = directory
+        self.dir = directory / self.instance.dir_name
+        self.signum = signum if wire.signal_allowed(signum) else 0
+        self.signal_error = signal_error or (f"signal {signum} is not allowed: bursts are off" if signum else "")
         self.burst_at = tuple(sorted(set(burst_at)))
         self.started = _monotonic()
         self.torch: Any = None
@@ -156,7 +193,7 @@ class Hook:
         self.burster: Burster | None = None
         self.errors: list[str] = []
         self.loaders: dict[int, _LoaderRecord] = {}
-        self.amp: dict[str, Any] = {"autocast": False, "dtype": None, "device_type": None, "grad_scaler": False}
+        self.amp = wire.AmpInfo()
         self.signal_owned = False
         self.usable_cpus: float | None = None
         self.shm_bytes: int | None = None
@@ -171,31 +208,58 @@ class Hook:
 
     # -- activation -----------------------------------------------------------------------
     def on_torch(self, torch: Any) -> None:
-        """``torch`` was imported: patch it, create the published files, take the signal."""
-        global _active
+        """``torch`` was imported: create the published files, patch torch, take the signal.
+
+        Never raises: any failure leaves the hook off, with one line on stderr.
+        """
         if self.torch is not None or os.getpid() != self.pid:
             return
         self.torch = torch
         try:
-            publish.ensure_private_dir(self.dir, levels=2)
-            self.counters = publish.Counters(self.dir / publish.COUNTERS_FILE, self.pid)
+            self._activate(torch)
+        except Exception as exc:
+            self._deactivate()
+            _say(f"off: {exc!r}")
+
+    def _activate(self, torch: Any) -> None:
+        global _active
+        try:
+            base_fd = publish.prepare_dir(self.base, parents=True)
         except OSError as exc:
-            sys.stderr.write(f"torchwatch hook: off, cannot write {self.dir}: {exc}\n")
+            _say(f"off: cannot use {self.base} (TORCHWATCH_DIR): {exc.strerror or exc}")
             return
-        from torchwatch.cpus import usable_cpus
+        try:
+            publish.remove_stale(base_fd, self.instance)
+            dir_fd = publish.private_subdir(base_fd, self.instance.dir_name)
+            try:
+                self.counters = publish.Counters(dir_fd, self.instance)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            _say(f"off: cannot write {self.dir}: {exc.strerror or exc}")
+            return
+        finally:
+            os.close(base_fd)
+        from torchwatch.hook.cpus import usable_cpus
 
         self.usable_cpus = usable_cpus()
         with contextlib.suppress(OSError):
             st = os.statvfs("/dev/shm")
             self.shm_bytes = st.f_frsize * st.f_blocks
-        _remove_stale(self.dir.parent)
-        self.burster = Burster(torch, self.pid, self._interrupt_main, self.publish, self.step_durations)
+        self.burster = Burster(torch, self.instance, self._interrupt_main, self.publish, self.step_durations)
         _active = True
         self._patch(torch)
         self._take_signal()
         os.register_at_fork(after_in_child=_after_fork_in_child)
         atexit.register(self.close)
         self.publish()
+
+    def _deactivate(self) -> None:
+        """Undo what :meth:`_activate` did (a failure half-way): wrappers off, files removed."""
+        global _active
+        _active = False
+        with contextlib.suppress(Exception):
+            self.close()
 
     def _patch(self, torch: Any) -> None:
         try:
@@ -232,8 +296,10 @@ class Hook:
             try:
                 batch = orig_next(it)
             except BaseException:
+                # StopIteration at the end of an epoch (or an error): no longer in __next__
                 if counters is not None:
-                    counters.in_next_since = 0.0
+                    with contextlib.suppress(Exception):
+                        counters.next_aborted()
                 raise
             hook.on_batch(it, t0, time.monotonic(), batch)
             return batch
@@ -266,8 +332,11 @@ class Hook:
             result = orig_enter(ctx)
             if getattr(ctx, "_enabled", False) and _active:
                 with contextlib.suppress(Exception):
-                    hook.amp.update(
-                        autocast=True, dtype=str(ctx.fast_dtype).replace("torch.", ""), device_type=ctx.device
+                    hook.amp = wire.AmpInfo(
+                        autocast=True,
+                        dtype=_name(str(ctx.fast_dtype).replace("torch.", ""), 32),
+                        device_type=_name(ctx.device, 32),
+                        grad_scaler=hook.amp.grad_scaler,
                     )
                     cls.__enter__ = orig_enter
                     hook.publish()
@@ -285,7 +354,7 @@ class Hook:
         def scale(sc: Any, outputs: Any) -> Any:
             if getattr(sc, "_enabled", False) and _active:
                 with contextlib.suppress(Exception):
-                    hook.amp["grad_scaler"] = True
+                    hook.amp = wire.AmpInfo(hook.amp.autocast, hook.amp.dtype, hook.amp.device_type, True)
                     scaler.scale = orig_scale
                     hook.publish()
             return orig_scale(sc, outputs)
@@ -294,23 +363,32 @@ class Hook:
         self._unpatch.append((scaler, "scale", orig_scale))
 
     def _take_signal(self) -> None:
-        """Install the burst signal handler, unless the training already handles that signal."""
-        if threading.current_thread() is not threading.main_thread():
-            self.error("torch was imported outside the main thread: bursts are off")
-            return
+        """Install the burst signal handler, unless the training already handles that signal.
+
+        Only SIGUSR1, SIGUSR2 and real-time signals (:func:`wire.burst_signals`); never raises.
+        """
         try:
-            current = signal.getsignal(self.signum)
-        except (ValueError, OSError) as exc:
-            self.error(f"cannot read the handler of signal {self.signum}: {exc}")
-            return
-        if current not in (signal.SIG_DFL, None):
-            name = signal.Signals(self.signum).name
-            self.error(f"{name} is already handled by the training: bursts are off (set TORCHWATCH_SIGNAL)")
-            return
-        self._handler_ref = self._on_signal
-        self._previous_handler = current
-        signal.signal(self.signum, self._handler_ref)
-        self.signal_owned = True
+            if not self.signum:
+                self.error(self.signal_error or "no burst signal: bursts are off")
+                return
+            if threading.current_thread() is not threading.main_thread():
+                self.error("torch was imported outside the main thread: bursts are off")
+                return
+            name = wire.signal_name(self.signum)
+            try:
+                current = signal.getsignal(self.signum)
+            except (ValueError, OSError) as exc:
+                self.error(f"cannot read the handler of {name}: {exc}")
+                return
+            if current not in (signal.SIG_DFL, None):
+                self.error(f"{name} is already handled by the training: bursts are off (set TORCHWATCH_SIGNAL)")
+                return
+            self._handler_ref = self._on_signal
+            self._previous_handler = current
+            signal.signal(self.signum, self._handler_ref)
+            self.signal_owned = True
+        except Exception as exc:
+            self.error(f"cannot take the burst signal: {exc!r}")
 
     # -- hot path -------------------------------------------------------------------------
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -338,7 +416,7 @@ class Hook:
                     # step starts when it is done (so it lines up with the trace's ProfilerStep span).
                     self._last_step_t = time.monotonic()
                 elif self.burst_at and counters.steps in self.burst_at:
-                    burster.request(BurstParams.from_request(None), now, True, "scheduled")
+                    burster.request(BurstParams(), now, True, "scheduled")
             if now - self._last_check > 1.0:
                 self._last_check = now
                 self._check_signal()
@@ -377,7 +455,7 @@ class Hook:
 
     def step_durations(self, n: int) -> list[float]:
         """Durations of the last ``n`` steps, s (oldest first)."""
-        snap = publish.read_counters(self.dir / publish.COUNTERS_FILE)
+        snap = self.counters.snapshot() if self.counters is not None else None
         if snap is None or n <= 0:
             return []
         return [e[1] for e in snap.entries[-n:]]
@@ -395,12 +473,31 @@ class Hook:
             if burster.state in ("armed", "running"):
                 burster.on_interrupt(now)
                 return
-            req = publish.read_json(self.dir / publish.REQUEST_FILE)
-            params = BurstParams.from_request(req)
+            params = BurstParams.from_request(self._take_request())
             stepping = self._last_step_t > 0 and now - self._last_step_t < max(2.0, params.arm_timeout_s)
             burster.request(params, now, stepping, "signal")
         except Exception as exc:
             self.error(f"burst request: {exc!r}")
+
+    def _take_request(self) -> dict[str, Any] | None:
+        """The parameters in ``request.json`` (torchwatch writes it before the signal), then
+        remove it. Accepted only as a regular file of this user or root, at most 4 KB."""
+        try:
+            fd = publish.open_dir(self.dir, (os.geteuid(),), private=True)
+        except OSError:
+            return None
+        try:
+            req = publish.read_json(fd, publish.REQUEST_FILE, {0, os.geteuid()}, wire.REQUEST_MAX_BYTES)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            self.error(f"burst request ignored: {exc}")
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(publish.REQUEST_FILE, dir_fd=fd)
+            os.close(fd)
+        return req if isinstance(req, dict) else None
 
     def _interrupt_main(self) -> bool:
         """From a timer thread: run our signal handler in the main thread, without a real signal."""
@@ -409,7 +506,7 @@ class Hook:
         import _thread
 
         try:
-            _thread.interrupt_main(signal.Signals(self.signum))
+            _thread.interrupt_main(self.signum)  # type: ignore[arg-type]  # an int works since 3.10
         except (ValueError, RuntimeError):
             return False
         return True
@@ -432,32 +529,37 @@ class Hook:
     # -- publishing -----------------------------------------------------------------------
     def error(self, message: str) -> None:
         """Record an error of the hook (shown by torchwatch); never raises."""
+        message = wire.clean_text(message, wire.TEXT)
         if len(self.errors) < MAX_ERRORS and message not in self.errors:
             self.errors.append(message)
             with contextlib.suppress(Exception):
                 self.publish()
 
-    def state(self) -> dict[str, Any]:
-        """Everything ``hook.json`` holds (see :mod:`torchwatch.hook.publish`)."""
+    def record(self) -> wire.HookRecord:
+        """Everything ``hook.json`` holds (see :class:`wire.HookRecord`)."""
         loaders = sorted(self.loaders.values(), key=lambda r: r.batches, reverse=True)
         burster = self.burster
-        return {
-            "schema": publish.SCHEMA,
-            "pid": self.pid,
-            "python": sys.version.split()[0],
-            "torch": getattr(self.torch, "__version__", None),
-            "started": self.started,
-            "signal": self.signum,
-            "signal_owned": self.signal_owned,
-            "burst_at": list(self.burst_at),
-            "usable_cpus": self.usable_cpus,
-            "shm_bytes": self.shm_bytes,
-            "cuda_initialized": self._cuda_initialized(),
-            "amp": dict(self.amp),
-            "dataloaders": [r.to_json() for r in loaders],
-            "burst": burster.public_state() if burster is not None else None,
-            "errors": list(self.errors),
-        }
+        version = getattr(self.torch, "__version__", None)
+        return wire.HookRecord(
+            instance=self.instance,
+            python=sys.version.split()[0][:32],
+            torch=None if version is None else _name(version, 64),
+            started=self.started,
+            signal=self.signum,
+            signal_owned=self.signal_owned,
+            burst_at=self.burst_at[:64],
+            usable_cpus=self.usable_cpus,
+            shm_bytes=_count(self.shm_bytes),
+            cuda_initialized=self._cuda_initialized(),
+            amp=self.amp,
+            dataloaders=tuple(r.info() for r in loaders),
+            burst=burster.public_state() if burster is not None else None,
+            errors=tuple(self.errors),
+        )
+
+    def state(self) -> dict[str, Any]:
+        """``hook.json`` as a dict (:meth:`record` in JSON form)."""
+        return self.record().to_json()
 
     def _cuda_initialized(self) -> bool:
         with contextlib.suppress(Exception):
@@ -465,14 +567,34 @@ class Hook:
         return False
 
     def publish(self) -> None:
-        """Rewrite ``hook.json`` atomically; errors are swallowed (the training comes first)."""
+        """Rewrite ``hook.json`` atomically; errors are swallowed (the training comes first).
+
+        The record goes through torchwatch's own decoder first, so the hook never publishes
+        what the reader would refuse.
+        """
         if not _active or os.getpid() != self.pid:
             return
         with contextlib.suppress(Exception):
-            publish.write_json_atomic(self.dir / publish.STATE_FILE, self.state())
+            data = self.record().to_json()
+            try:
+                wire.HookRecord.decode(json.loads(publish.encode_json(data)))
+            except (wire.WireError, ValueError) as exc:
+                self.errors = [*self.errors[: MAX_ERRORS - 1], wire.clean_text(f"hook.json: {exc}", wire.TEXT)]
+                data = wire.HookRecord(
+                    self.instance, data["python"], None, self.started, self.signum, self.signal_owned,
+                    errors=tuple(self.errors),
+                ).to_json()  # fmt: skip
+            fd = publish.open_dir(self.dir, (os.geteuid(),), private=True)
+            try:
+                publish.write_atomic(fd, publish.STATE_FILE, publish.encode_json(data))
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
-        """At exit: stop a running burst, remove the published files (traces are kept)."""
+        """At exit: stop a running burst, remove the published files (traces are kept).
+
+        Only the files the hook and torchwatch make are removed, by name, then the directory.
+        """
         global _active
         if os.getpid() != self.pid:
             return
@@ -482,18 +604,15 @@ class Hook:
         _active = False
         if self.counters is not None:
             self.counters.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            base_fd = publish.open_dir(self.base, (os.geteuid(),), private=False)
+            try:
+                publish.remove_hook_dir(base_fd, self.instance.dir_name)
+            finally:
+                os.close(base_fd)
 
 
 _HOOK: Hook | None = None
-
-
-def _remove_stale(base: Path) -> None:
-    """Remove the directories of hooked processes that died without cleaning up (SIGKILL)."""
-    with contextlib.suppress(OSError):
-        for d in base.iterdir():
-            if d.name.isdigit() and not os.path.exists(f"/proc/{d.name}"):
-                shutil.rmtree(d, ignore_errors=True)
 
 
 def _after_fork_in_child() -> None:
@@ -520,10 +639,14 @@ def current() -> Hook | None:
     return _HOOK if _HOOK is not None and _HOOK.pid == os.getpid() else None
 
 
-def start(signum: int, burst_at: tuple[int, ...], directory: Path) -> Hook:
-    """Create the hook and patch torch now or when it is imported (see ``install``)."""
+def start(signum: int, burst_at: tuple[int, ...], directory: Path, signal_error: str = "") -> Hook:
+    """Create the hook and patch torch now or when it is imported (see ``install``).
+
+    Raises:
+        OSError: ``/proc`` is not mounted.
+    """
     global _HOOK
-    hook = Hook(directory, signum, burst_at)
+    hook = Hook(directory, signum, burst_at, signal_error)
     _HOOK = hook
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):

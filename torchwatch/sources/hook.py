@@ -1,10 +1,19 @@
 """The in-process hook, read from outside: its published files, and burst requests.
 
-The hook (``torchwatch.hook``) writes ``hook.json`` and a ``counters`` file into a per-process
-directory; this source reads both twice a second. A burst is asked for by writing
-``request.json`` and sending the hook's signal, and only after two checks (DESIGN.md, safety):
-the hook announced that it owns the signal, and ``/proc/PID/status`` ``SigCgt`` shows the
-signal is caught. A process that does not catch SIGUSR2 would be killed by it (kineto#406).
+The hook (``torchwatch.hook``) writes ``hook.json`` and a ``counters`` file into a directory
+named after its process instance (:class:`torchwatch.hook.wire.Instance`); this source reads
+both twice a second. torchwatch often runs as root and the directory belongs to the training's
+user, so every file there is treated as hostile (:mod:`torchwatch.hook.publish`): read only
+through a checked directory descriptor, only regular files of that user, size-capped,
+schema-checked, and only when they name the very process watched (PID, start time and PID
+namespace), so neither PID reuse nor a stale or planted directory passes for a live hook.
+
+A burst is asked for by writing ``request.json`` (a new root-owned file renamed into place,
+never chown'ed) and sending the hook's signal, only after these checks: the signal is one of
+SIGUSR1, SIGUSR2 or a real-time signal, the hook announced that it owns it, and
+``/proc/PID/status`` ``SigCgt`` shows it is caught (a process that does not catch SIGUSR2 is
+killed by it, kineto#406). The signal goes through a pidfd taken before the checks, so it
+reaches the process checked or nobody.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import publish
+from torchwatch.hook import publish, wire
 from torchwatch.readings import HookState, SourceStatus, Status
 from torchwatch.target import catches
 
@@ -25,7 +34,8 @@ NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.
 
 def _environ(pid: int) -> dict[str, str]:
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(1 << 20)  # ARG_MAX-sized at most; the variables we need come with it
     except OSError:
         return {}
     env: dict[str, str] = {}
@@ -36,57 +46,204 @@ def _environ(pid: int) -> dict[str, str]:
     return env
 
 
+def _status(pid: int) -> dict[str, list[str]]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        out[key] = rest.split()
+    return out
+
+
 def _uid(pid: int) -> int | None:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return int(_status(pid)["Uid"][0])
+    except (KeyError, IndexError, ValueError):
+        return None
 
 
-def hook_dir(pid: int) -> Path:
-    """Where the hook of ``pid`` publishes (from its environment and owner)."""
-    return publish.base_dir(_environ(pid), _uid(pid)) / str(pid)
+def instance_of(pid: int) -> wire.Instance:
+    """The process instance behind host ``pid``, as its own hook names it: its PID in its own
+    PID namespace (last ``NSpid:`` field), start time and PID-namespace inode.
+
+    Raises:
+        wire.WireError: the process is gone or cannot be read (one-line reason).
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = wire.stat_start(f.read())
+        ns = os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except FileNotFoundError:
+        raise wire.WireError(f"PID {pid} has exited") from None
+    except PermissionError:
+        raise wire.WireError(f"not allowed to read PID {pid}: run torchwatch as its user") from None
+    except OSError as exc:
+        raise wire.WireError(f"cannot read PID {pid}: {exc.strerror or exc}") from None
+    nspid = _status(pid).get("NSpid") or [str(pid)]
+    try:
+        local = int(nspid[-1])
+    except ValueError:
+        raise wire.WireError(f"PID {pid}: unreadable NSpid") from None
+    return wire.Instance(local, start, ns)
+
+
+def hook_dir(pid: int) -> Path | None:
+    """Where the hook of ``pid`` publishes (from its environment, owner and instance); ``None``
+    when the process cannot be read."""
+    try:
+        inst = instance_of(pid)
+    except wire.WireError:
+        return None
+    return publish.base_dir(_environ(pid), _uid(pid)) / inst.dir_name
 
 
 class HookReader:
-    """Reads the published files of one process's hook.
+    """Reads the published files of one process's hook, safely (see the module docstring).
 
     Args:
-        pid: the training process.
+        pid: the training process (a PID of torchwatch's namespace).
         directory: its hook directory; default :func:`hook_dir`.
+
+    Attributes:
+        reason: why the last read found no usable hook (one line; ``""`` after a good read).
+        missing: the last read found no files at all (the hook has not published, or is gone),
+            as opposed to files that were refused.
+        gone: the process exited, or its PID now belongs to another process.
+        seen: the hook published at least once.
     """
 
     def __init__(self, pid: int, directory: Path | None = None) -> None:
         self.pid = pid
-        self.dir = directory or hook_dir(pid)
+        self.uid = _uid(pid)
+        try:
+            self.instance: wire.Instance | None = instance_of(pid)
+            self.reason = ""
+        except wire.WireError as exc:
+            self.instance, self.reason = None, str(exc)
+        if directory is not None:
+            self.dir: Path | None = directory
+        elif self.instance is not None:
+            self.dir = publish.base_dir(_environ(pid), self.uid) / self.instance.dir_name
+        else:
+            self.dir = None
+        self.missing = True
+        self.gone = False
         self._info: dict[str, Any] | None = None
-        self._mtime: int | None = None
+        self._record: wire.HookRecord | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._last_step_end = 0.0
-        self.seen = False  # published at least once
+        self.seen = False
+
+    # -- checks -----------------------------------------------------------------------------
+    def _still_same(self) -> str:
+        """Why ``pid`` is no longer the process this reader was made for ("" when it is)."""
+        if self.instance is None:
+            return self.reason or f"PID {self.pid} cannot be read"
+        try:
+            now = instance_of(self.pid)
+        except wire.WireError as exc:
+            return str(exc)
+        if now != self.instance:
+            return f"PID {self.pid} is now another process (its start time or PID namespace changed)"
+        return ""
+
+    def _open(self) -> int:
+        """The hook directory, opened and checked (this user's, private).
+
+        Raises:
+            FileNotFoundError: no directory. publish.Unsafe / OSError / wire.WireError: refused.
+        """
+        if self.dir is None or self.uid is None:
+            raise wire.WireError(self.reason or f"PID {self.pid} cannot be read")
+        return publish.open_dir(self.dir, (self.uid,), private=True)
+
+    def _fail(self, reason: str, missing: bool = False) -> None:
+        self.reason, self.missing = reason, missing
+        self._info = self._record = None
+        self._stamp = None
+
+    # -- reading ----------------------------------------------------------------------------
+    def record(self) -> wire.HookRecord | None:
+        """The checked ``hook.json``, re-read only when it changed; ``None`` (and
+        :attr:`reason`) when there is none, it is refused, or the process is another one."""
+        why = self._still_same()
+        if why:
+            self._fail(why, missing=True)
+            self.gone = self.instance is not None
+            return None
+        try:
+            fd = self._open()
+        except FileNotFoundError:
+            self._fail(f"no hook in PID {self.pid}", missing=True)
+            return None
+        except (OSError, ValueError) as exc:
+            self._fail(f"hook files of PID {self.pid} refused: {exc}")
+            return None
+        try:
+            return self._read_state(fd)
+        finally:
+            os.close(fd)
+
+    def _read_state(self, fd: int) -> wire.HookRecord | None:
+        assert self.uid is not None and self.instance is not None
+        try:
+            st = os.stat(wire.STATE_FILE, dir_fd=fd, follow_symlinks=False)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp and self._record is not None:
+                return self._record
+            rec = wire.HookRecord.decode(publish.read_json(fd, wire.STATE_FILE, (self.uid,), wire.STATE_MAX_BYTES))
+        except FileNotFoundError:
+            self._fail(f"no hook in PID {self.pid}", missing=True)
+            return None
+        except (OSError, ValueError, RecursionError, MemoryError) as exc:
+            self._fail(f"hook files of PID {self.pid} refused: {exc}")
+            return None
+        if rec.instance != self.instance:
+            self._fail(
+                f"hook files of PID {self.pid} refused: written by process {rec.instance.dir_name}, "
+                f"not by {self.instance.dir_name} (a stale or foreign directory)"
+            )
+            return None
+        self._record, self._info, self._stamp = rec, rec.to_json(), stamp
+        self.reason, self.missing = "", False
+        return rec
 
     def info(self) -> dict[str, Any] | None:
-        """``hook.json``, re-read only when it changed; ``None`` when there is none."""
-        path = self.dir / publish.STATE_FILE
-        try:
-            mtime = path.stat().st_mtime_ns
-        except OSError:
-            self._info, self._mtime = None, None
+        """``hook.json`` as a checked dict (see :meth:`record`); ``None`` when there is none."""
+        return self._info if self.record() is not None else None
+
+    def counters(self) -> wire.CounterSnapshot | None:
+        """The checked ``counters``; ``None`` (and :attr:`reason`) when missing or refused."""
+        if self.instance is None or self._still_same():
             return None
-        if mtime != self._mtime:
-            data = publish.read_json(path)
-            if data is not None and data.get("schema") == publish.SCHEMA:
-                self._info, self._mtime = data, mtime
-        return self._info
+        try:
+            fd = self._open()
+        except (OSError, ValueError) as exc:
+            self._fail(f"hook files of PID {self.pid} refused: {exc}", isinstance(exc, FileNotFoundError))
+            return None
+        try:
+            assert self.uid is not None
+            return publish.read_counters(fd, (self.uid,), self.instance)
+        except FileNotFoundError:
+            self._fail(f"no hook in PID {self.pid}", missing=True)
+        except wire.Busy as exc:
+            self.reason = str(exc)
+        except (OSError, ValueError) as exc:
+            self._fail(f"hook files of PID {self.pid} refused: {exc}")
+        finally:
+            os.close(fd)
+        return None
 
     def read(self, now: float) -> HookState | None:
-        """One reading, or ``None`` when the hook has not published (yet)."""
+        """One reading, or ``None`` when the hook has not published (yet) or was refused."""
         info = self.info()
         if info is None:
             return None
-        snap = publish.read_counters(self.dir / publish.COUNTERS_FILE)
+        snap = self.counters()
         if snap is None:
             return None
         new = tuple(e for e in snap.entries if e[0] > self._last_step_end)
@@ -105,20 +262,25 @@ class HookReader:
             info=info,
         )
 
+    # -- bursts -----------------------------------------------------------------------------
     def burst_possible(self) -> tuple[bool, str]:
         """Whether a burst may be asked for now, and if not, why (one line)."""
-        info = self.info()
-        if info is None:
-            return False, f"no hook in PID {self.pid}: {NO_HOOK_HINT}"
-        signum = int(info.get("signal") or 0)
-        name = signal.Signals(signum).name if signum in signal.valid_signals() else str(signum)
-        if not info.get("signal_owned"):
-            errors = "; ".join(info.get("errors") or [])
+        rec = self.record()
+        if rec is None:
+            hint = f": {NO_HOOK_HINT}" if self.missing else ""
+            return False, (self.reason or f"no hook in PID {self.pid}") + hint
+        signum = rec.signal
+        name = wire.signal_name(signum)
+        if not wire.signal_allowed(signum):
+            errors = "; ".join(rec.errors)
+            return False, f"bursts are off in PID {self.pid}" + (f" ({errors})" if errors else f" (signal {name})")
+        if not rec.signal_owned:
+            errors = "; ".join(rec.errors)
             return False, f"the hook in PID {self.pid} does not own {name}" + (f" ({errors})" if errors else "")
         if not catches(self.pid, signum):
             return False, f"PID {self.pid} does not catch {name} (SigCgt): sending it would kill the process"
-        state = (info.get("burst") or {}).get("state")
-        if state not in (None, "idle"):
+        state = rec.burst.state if rec.burst is not None else "idle"
+        if state != "idle":
             return False, f"a burst is already {state}"
         return True, f"ready ({name})"
 
@@ -131,26 +293,70 @@ class HookReader:
         ok, why = self.burst_possible()
         if not ok:
             return False, why
-        info = self.info() or {}
-        signum = int(info["signal"])
-        path = self.dir / publish.REQUEST_FILE
+        rec = self.record()
+        if rec is None or self.dir is None:
+            return False, self.reason
+        request = wire.BurstRequest.from_request(params)
         try:
-            publish.write_json_atomic(path, dict(params or {}))
-            owner = self.dir.stat().st_uid
-            if os.geteuid() == 0 and owner != 0:
-                os.chown(path, owner, -1)  # the hook must be able to read what root wrote
-        except OSError as exc:
-            return False, f"cannot write {path}: {exc.strerror or exc}"
-        # re-check right before sending: the handler may have changed in between
-        if not catches(self.pid, signum):
-            return False, f"PID {self.pid} stopped catching signal {signum}: not sent"
+            fd = self._open()
+            try:
+                # A new file of ours (root's, when root runs torchwatch), renamed into place:
+                # nothing of the target user's is opened for writing or chown'ed.
+                publish.write_atomic(fd, wire.REQUEST_FILE, publish.encode_json(request.to_json()), 0o644)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as exc:
+            return False, f"cannot write {self.dir / wire.REQUEST_FILE}: {getattr(exc, 'strerror', None) or exc}"
+        assert self.instance is not None
+        sent, message = send_burst_signal(self.pid, self.instance, rec.signal)
+        if not sent:
+            return False, message
+        count = rec.burst.count if rec.burst is not None else 0
+        return True, f"burst #{count + 1} requested from PID {self.pid}"
+
+
+def send_burst_signal(pid: int, expect: wire.Instance, signum: int) -> tuple[bool, str]:
+    """Send burst signal ``signum`` to ``pid``, only if it is still ``expect`` and catches it.
+
+    The pidfd is taken first, the checks made after: if the PID is reused in between, the
+    checks see the new process and refuse; if not, the pidfd can only reach the process
+    checked. Falls back to ``os.kill`` where pidfds are not supported (Linux < 5.3).
+
+    Returns:
+        ``(sent, message)``.
+    """
+    name = wire.signal_name(signum)
+    if not wire.signal_allowed(signum):
+        return False, f"{name} is not a burst signal (SIGUSR1, SIGUSR2, SIGRTMIN+N): not sent"
+    pidfd: int | None = None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False, f"PID {pid} exited"
+    except (AttributeError, OSError):
+        pidfd = None  # no pidfd support: os.kill below, right after the checks
+    try:
         try:
-            os.kill(self.pid, signum)
+            now = instance_of(pid)
+        except wire.WireError as exc:
+            return False, f"{exc}: not sent"
+        if now != expect:
+            return False, f"PID {pid} is now another process: not sent"
+        if not catches(pid, signum):
+            return False, f"PID {pid} does not catch {name} (SigCgt): not sent"
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:
+                os.kill(pid, signum)
         except ProcessLookupError:
-            return False, f"PID {self.pid} exited"
+            return False, f"PID {pid} exited"
         except PermissionError:
-            return False, f"not allowed to signal PID {self.pid}: run torchwatch as its user"
-        return True, f"burst #{int((info.get('burst') or {}).get('count') or 0) + 1} requested from PID {self.pid}"
+            return False, f"not allowed to signal PID {pid}: run torchwatch as its user"
+        return True, f"{name} sent"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 class HookSource:
@@ -183,14 +389,20 @@ class HookSource:
         return rd
 
     def sample(self, now: float) -> Sequence[object]:
-        """Read the hook's files once; sets :attr:`status`."""
+        """Read the hook's files once; sets :attr:`status` (with the reason when refused)."""
         rd = self.reader()
         if rd is None:
             return []
         reading = rd.read(now)
         if reading is None:
-            if rd.seen or not Path(f"/proc/{rd.pid}").exists():
+            if rd.gone and rd.seen:
                 self.status = SourceStatus.gone("the training exited (its hook removed its files)")
+            elif rd.gone:
+                self.status = SourceStatus.gone(rd.reason)
+            elif not Path(f"/proc/{rd.pid}").exists() or (rd.seen and rd.missing):
+                self.status = SourceStatus.gone("the training exited (its hook removed its files)")
+            elif not rd.missing:
+                self.status = SourceStatus.unavailable(rd.reason, NO_HOOK_HINT)
             elif self.expected:
                 self.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
             else:

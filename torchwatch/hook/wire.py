@@ -1,0 +1,846 @@
+"""The hook's wire format: what the hook writes and torchwatch reads. Standard library only.
+
+One module for both sides, so the writer (the hook, inside the training) and the reader
+(torchwatch, often as root) agree by construction:
+
+- the burst signals allowed (:func:`signal_allowed`): SIGUSR1, SIGUSR2 and the real-time
+  signals, nothing that stops, kills or interrupts a process;
+- the process instance a hook directory belongs to (:class:`Instance`): namespace-local PID,
+  start time (clock ticks since boot, ``/proc/PID/stat`` field 22) and PID-namespace inode,
+  and the directory name made from them (``<pid>-<start>-<pidns>``);
+- ``hook.json`` as typed, frozen records (:class:`HookRecord` and its parts) with a strict
+  decoder: types, ranges, list and string lengths; strings lose every control, format and
+  separator character, so nothing read from a file reaches a terminal raw;
+- the ``counters`` binary layout (:func:`decode_counters`) and the burst request
+  (:class:`BurstRequest`).
+
+The hook runs its own ``hook.json`` through the same decoder before writing it, so it never
+publishes what torchwatch would refuse. Every decode failure is a :class:`WireError` whose
+message is one line naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = [
+    "COUNTERS_FILE",
+    "REQUEST_FILE",
+    "SCHEMA",
+    "STATE_FILE",
+    "AmpInfo",
+    "BurstRequest",
+    "BurstResult",
+    "BurstState",
+    "CounterSnapshot",
+    "HookRecord",
+    "Instance",
+    "LoaderInfo",
+    "OpTime",
+    "Refusal",
+    "WireError",
+    "clean_text",
+    "decode_counters",
+    "parse_signal",
+    "signal_allowed",
+    "signal_name",
+]
+
+SCHEMA = "torchwatch.hook/2"
+STATE_FILE = "hook.json"
+COUNTERS_FILE = "counters"
+REQUEST_FILE = "request.json"
+KNOWN_FILES = (STATE_FILE, COUNTERS_FILE, REQUEST_FILE)
+TEMP_PREFIX = ".tw-"  # temp files the hook or torchwatch create before a rename (see publish.write_atomic)
+
+STATE_MAX_BYTES = 1 << 20  # a real hook.json is 2-20 KB (a burst summary lists at most 10 ops and kernels)
+REQUEST_MAX_BYTES = 4096  # a request is six numbers
+
+# Linux pid_max is at most 2**22 (PID_MAX_LIMIT, include/linux/threads.h).
+PID_MAX = 1 << 22
+_U63 = (1 << 63) - 1
+_TIME_MAX = 1e10  # monotonic seconds (317 years of uptime): anything larger is not a clock reading
+
+
+class WireError(ValueError):
+    """A published file or request does not match the wire format; the message is one line."""
+
+
+# -- signals ------------------------------------------------------------------------------------
+def burst_signals() -> frozenset[int]:
+    """The signals a burst may be asked with: SIGUSR1, SIGUSR2, SIGRTMIN..SIGRTMAX.
+
+    Their default action is to terminate, but none of them is sent by a shell, a terminal, a
+    service manager or a scheduler to stop or interrupt a process (signal(7)), so taking one
+    changes nothing else in the training. SIGTERM, SIGINT, SIGHUP, SIGKILL, SIGSTOP, ... are
+    never accepted.
+    """
+    sigs = {int(signal.SIGUSR1), int(signal.SIGUSR2)}
+    lo, hi = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if lo is not None and hi is not None:
+        sigs.update(range(int(lo), int(hi) + 1))
+    return frozenset(sigs)
+
+
+def signal_allowed(signum: object) -> bool:
+    """Whether ``signum`` (an int) is one of :func:`burst_signals`."""
+    return isinstance(signum, int) and not isinstance(signum, bool) and signum in burst_signals()
+
+
+def signal_name(signum: int) -> str:
+    """``SIGUSR2``, ``SIGRTMIN+3``, or the number for anything else."""
+    lo = getattr(signal, "SIGRTMIN", None)
+    hi = getattr(signal, "SIGRTMAX", None)
+    if lo is not None and hi is not None and int(lo) < signum <= int(hi):
+        return f"SIGRTMIN+{signum - int(lo)}"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+_RT = re.compile(r"^(?:SIG)?RTM(IN|AX)(?:([+-])(\d{1,3}))?$")
+
+
+def parse_signal(text: str) -> int:
+    """A burst signal from its name (``SIGUSR1``, ``usr2``, ``SIGRTMIN+2``) or number.
+
+    Raises:
+        WireError: unknown, or not one of :func:`burst_signals` (the message names those).
+    """
+    name = text.strip().upper()
+    signum: int | None = None
+    if name.isdigit() and len(name) <= 3:
+        signum = int(name)
+    elif m := _RT.match(name):
+        base = getattr(signal, "SIGRTMIN" if m.group(1) == "IN" else "SIGRTMAX", None)
+        if base is not None:
+            off = int(m.group(3) or 0)
+            signum = int(base) + (off if m.group(2) != "-" else -off)
+    else:
+        sig = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+        signum = int(sig) if isinstance(sig, int) else None
+    if signum is None or not signal_allowed(signum):
+        shown = clean_text(text, 40)
+        raise WireError(f"TORCHWATCH_SIGNAL={shown!r} is not allowed: use SIGUSR1, SIGUSR2 or SIGRTMIN+N")
+    return signum
+
+
+# -- the process instance -------------------------------------------------------------------------
+_DIR_NAME = re.compile(r"^([1-9][0-9]{0,6})-([0-9]{1,20})-([0-9]{1,20})$")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One process, told apart from any later process with the same PID.
+
+    Attributes:
+        pid: its PID in its own PID namespace (what ``os.getpid()`` returns inside it).
+        start: its start time, clock ticks since boot (``/proc/PID/stat`` field 22, proc(5)).
+        pidns: the inode of its PID namespace (``/proc/PID/ns/pid``, namespaces(7)).
+    """
+
+    pid: int
+    start: int
+    pidns: int
+
+    @property
+    def dir_name(self) -> str:
+        """The name of its hook directory: ``<pid>-<start>-<pidns>``."""
+        return f"{self.pid}-{self.start}-{self.pidns}"
+
+    @classmethod
+    def from_dir_name(cls, name: str) -> Instance | None:
+        """The instance a hook directory name stands for; ``None`` for any other name."""
+        m = _DIR_NAME.match(name)
+        if m is None:
+            return None
+        pid, start, ns = (int(g) for g in m.groups())
+        return cls(pid, start, ns) if pid < PID_MAX and start <= _U63 and ns <= _U63 else None
+
+
+def stat_start(stat: str) -> int:
+    """Field 22 (``starttime``) of a ``/proc/PID/stat`` line.
+
+    The command name (field 2) may hold spaces and parentheses, so fields are counted from
+    the last ``)``.
+
+    Raises:
+        WireError: not a stat line.
+    """
+    try:
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        raise WireError("/proc/PID/stat: no start time") from None
+
+
+def self_instance() -> Instance:
+    """This process's :class:`Instance`.
+
+    Raises:
+        OSError: ``/proc`` is not mounted. WireError: an unreadable stat line.
+    """
+    with open("/proc/self/stat") as f:
+        start = stat_start(f.read())
+    return Instance(os.getpid(), start, os.stat("/proc/self/ns/pid").st_ino)
+
+
+def proc_is_own_namespace() -> bool:
+    """Whether ``/proc`` shows this process's PID namespace (``/proc/self`` is our own PID).
+
+    After ``unshare --pid`` without a new ``/proc`` mount, ``/proc/N`` are the PIDs of another
+    namespace: nothing there tells whether a PID of ours is alive.
+    """
+    try:
+        return int(os.readlink("/proc/self")) == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def alive_here(inst: Instance) -> bool:
+    """Whether ``inst`` (an instance of this PID namespace) is still running.
+
+    ``False`` only when provably gone: no ``/proc/PID``, or one with another start time. Call
+    only after :func:`proc_is_own_namespace`.
+    """
+    try:
+        with open(f"/proc/{inst.pid}/stat") as f:
+            return stat_start(f.read()) == inst.start
+    except FileNotFoundError:
+        return False
+    except ProcessLookupError:
+        return False
+    except (OSError, WireError):
+        return True  # cannot tell: keep it
+
+
+# -- strict decoding helpers ------------------------------------------------------------------
+def clean_text(value: str, limit: int) -> str:
+    """``value`` without control, format, surrogate and separator characters (but spaces),
+    cut to ``limit`` characters: safe to print on a terminal."""
+    if not value.isprintable():
+        value = "".join(ch for ch in value if ch.isprintable())
+    return value[:limit]
+
+
+def _type(v: object) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+class _Obj:
+    """Typed access to one JSON object; every failure names the field (``where.key``)."""
+
+    def __init__(self, value: object, where: str) -> None:
+        if not isinstance(value, dict):
+            raise WireError(f"{where}: expected an object, got {_type(value)}")
+        self.d: dict[str, Any] = value
+        self.where = where
+
+    def _get(self, key: str, optional: bool) -> Any:
+        v = self.d.get(key)
+        if v is None and not optional:
+            raise WireError(f"{self.where}.{key}: missing")
+        return v
+
+    def integer(self, key: str, lo: int, hi: int, optional: bool = False) -> Any:
+        v = self._get(key, optional)
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise WireError(f"{self.where}.{key}: expected an integer, got {_type(v)}")
+        if not lo <= v <= hi:
+            raise WireError(f"{self.where}.{key}: {v} is outside {lo}..{hi}")
+        return v
+
+    def number(self, key: str, lo: float, hi: float, optional: bool = False) -> Any:
+        v = self._get(key, optional)
+        if v is None:
+            return None
+        return _number(v, lo, hi, f"{self.where}.{key}")
+
+    def flag(self, key: str, optional: bool = False) -> Any:
+        v = self._get(key, optional)
+        if v is None:
+            return None if optional else False
+        if not isinstance(v, bool):
+            raise WireError(f"{self.where}.{key}: expected true or false, got {_type(v)}")
+        return v
+
+    def text(self, key: str, limit: int, optional: bool = False, choices: Sequence[str] = ()) -> Any:
+        v = self._get(key, optional)
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            raise WireError(f"{self.where}.{key}: expected a string, got {_type(v)}")
+        if len(v) > limit:
+            raise WireError(f"{self.where}.{key}: {len(v)} characters, at most {limit}")
+        if choices and v not in choices:
+            raise WireError(f"{self.where}.{key}: {clean_text(v, 20)!r} is not one of {', '.join(choices)}")
+        return clean_text(v, limit)
+
+    def items(self, key: str, limit: int) -> list[tuple[Any, str]]:
+        v = self.d.get(key)
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise WireError(f"{self.where}.{key}: expected a list, got {_type(v)}")
+        if len(v) > limit:
+            raise WireError(f"{self.where}.{key}: {len(v)} items, at most {limit}")
+        return [(item, f"{self.where}.{key}[{i}]") for i, item in enumerate(v)]
+
+    def floats(self, key: str, limit: int, lo: float, hi: float) -> tuple[float, ...]:
+        return tuple(_number(v, lo, hi, w) for v, w in self.items(key, limit))
+
+    def shares(self, key: str, names: Sequence[str], lo: float, hi: float) -> tuple[tuple[str, float], ...]:
+        """A ``{name: number}`` object whose names are all in ``names`` (kept in that order)."""
+        v = self.d.get(key)
+        if v is None:
+            return ()
+        obj = _Obj(v, f"{self.where}.{key}")
+        unknown = [k for k in obj.d if k not in names]
+        if unknown:
+            raise WireError(f"{obj.where}: unknown key {clean_text(str(unknown[0]), 40)!r}")
+        return tuple((n, _number(obj.d[n], lo, hi, f"{obj.where}.{n}")) for n in names if n in obj.d)
+
+
+def _number(v: object, lo: float, hi: float, where: str) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise WireError(f"{where}: expected a number, got {_type(v)}")
+    f = float(v)
+    if not math.isfinite(f) or not lo <= f <= hi:
+        raise WireError(f"{where}: {f!r} is outside {lo:g}..{hi:g}")
+    return f
+
+
+_T = TypeVar("_T")
+
+
+def _opt(v: object, where: str, decode: Callable[[object, str], _T]) -> _T | None:
+    return None if v is None else decode(v, where)
+
+
+# -- hook.json ----------------------------------------------------------------------------------
+# Step-time categories and phases of a burst summary (torchwatch.hook.summary.CATEGORIES / PHASES).
+CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+BURST_STATES = ("idle", "armed", "running", "summarizing")
+BURST_MODES = ("", "steps", "window")
+MAX_LOADERS = 16
+MAX_ERRORS = 16
+MAX_TOP = 50
+MAX_STEPS_LISTED = 100
+TEXT = 300  # error messages, reasons, paths are cut here by the writer
+NAME = 256  # operator and kernel names
+
+_BIG = float(1 << 62)
+
+
+@dataclass(frozen=True)
+class LoaderInfo:
+    """One DataLoader's settings as the user passed them, and what the hook measured on it.
+
+    Attributes:
+        num_workers, batch_size, prefetch_factor: as passed (``None`` when not set, e.g.
+            ``batch_size`` with a ``batch_sampler``). pin_memory, persistent_workers: as passed.
+        multiprocessing_context: ``fork``, ``spawn``, ``forkserver`` or ``None``.
+        dataset, collate_fn: type or function names. batches: batches taken. wait_s: s in
+        ``__next__``. batch_bytes: bytes of the tensors of the first batch (``None``: not yet).
+    """
+
+    num_workers: int
+    batch_size: int | None
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    multiprocessing_context: str | None
+    dataset: str
+    collate_fn: str
+    batches: int
+    wait_s: float
+    batch_bytes: int | None
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> LoaderInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            num_workers=o.integer("num_workers", 0, 1 << 16),
+            batch_size=o.integer("batch_size", 0, _U63, optional=True),
+            pin_memory=o.flag("pin_memory"),
+            prefetch_factor=o.integer("prefetch_factor", 0, 1 << 20, optional=True),
+            persistent_workers=o.flag("persistent_workers"),
+            multiprocessing_context=o.text("multiprocessing_context", 32, optional=True),
+            dataset=o.text("dataset", NAME, optional=True) or "",
+            collate_fn=o.text("collate_fn", NAME, optional=True) or "",
+            batches=o.integer("batches", 0, _U63),
+            wait_s=o.number("wait_s", 0.0, _TIME_MAX),
+            batch_bytes=o.integer("batch_bytes", 0, _U63, optional=True),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (the keys torchwatch's report shows)."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class AmpInfo:
+    """Mixed precision seen in the training: the first enabled ``autocast`` and ``GradScaler``."""
+
+    autocast: bool = False
+    dtype: str | None = None
+    device_type: str | None = None
+    grad_scaler: bool = False
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> AmpInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            o.flag("autocast"),
+            o.text("dtype", 32, optional=True),
+            o.text("device_type", 32, optional=True),
+            o.flag("grad_scaler"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A burst the hook refused: when (monotonic s), why, and who asked (signal / scheduled)."""
+
+    t: float
+    reason: str
+    source: str
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> Refusal:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(o.number("t", 0.0, _TIME_MAX), o.text("reason", TEXT), o.text("source", 32))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """An operator or kernel in a burst summary: name, ms over the burst, calls."""
+
+    name: str
+    ms: float
+    calls: int
+
+    @classmethod
+    def decode(cls, value: object, where: str, ms_key: str) -> OpTime:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(o.text("name", NAME), o.number(ms_key, 0.0, _BIG), o.integer("calls", 0, _U63))
+
+
+@dataclass(frozen=True)
+class BurstResult:
+    """The result of one burst (see :func:`torchwatch.hook.summary.summarize_trace` for the
+    summary's fields); a failed burst has ``error`` and little else. Times in ms unless named
+    ``_s``; shares are fractions of the step time; bytes are bytes.
+
+    ``trace_path`` is the gzip trace, ``trace_dir`` the folder that holds it (the one to give
+    HolisticTraceAnalysis or TensorBoard).
+    """
+
+    id: int
+    error: str | None = None
+    mode: str | None = None
+    started_at: float | None = None
+    duration_s: float | None = None
+    measured_step_ms: tuple[float, ...] = ()
+    steps: int | None = None
+    step_time_ms: float | None = None
+    step_times_ms: tuple[float, ...] = ()
+    events: int | None = None
+    breakdown_ms: tuple[tuple[str, float], ...] = ()
+    breakdown_share: tuple[tuple[str, float], ...] = ()
+    phases_share: tuple[tuple[str, float], ...] = ()
+    gpu_idle_ms: float | None = None
+    gpu_idle_share: float | None = None
+    top_cpu_ops: tuple[OpTime, ...] = ()
+    top_kernels: tuple[OpTime, ...] = ()
+    cpu_ops_per_step: float | None = None
+    kernels_per_step: float | None = None
+    short_kernel_share: float | None = None
+    sync_calls_per_step: float | None = None
+    sync_ms_per_step: float | None = None
+    trace_bytes: int | None = None
+    trace_gz_bytes: int | None = None
+    trace_path: str | None = None
+    trace_dir: str | None = None
+    trace_note: str | None = None
+    summary_s: float | None = None
+    rss_before_bytes: int | None = None
+    rss_after_bytes: int | None = None
+    rss_growth_since_first_bytes: int | None = None
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> BurstResult:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        sync = _Obj(o.d.get("sync") or {}, f"{where}.sync")
+        return cls(
+            id=o.integer("id", 0, _U63),
+            error=o.text("error", TEXT, optional=True),
+            mode=o.text("mode", 16, optional=True, choices=BURST_MODES),
+            started_at=o.number("started_at", 0.0, _TIME_MAX, optional=True),
+            duration_s=o.number("duration_s", 0.0, _TIME_MAX, optional=True),
+            measured_step_ms=o.floats("measured_step_ms", MAX_STEPS_LISTED, 0.0, _BIG),
+            steps=o.integer("steps", 0, 1 << 20, optional=True),
+            step_time_ms=o.number("step_time_ms", 0.0, _BIG, optional=True),
+            step_times_ms=o.floats("step_times_ms", MAX_STEPS_LISTED, 0.0, _BIG),
+            events=o.integer("events", 0, _U63, optional=True),
+            breakdown_ms=o.shares("breakdown_ms", CATEGORIES, 0.0, _BIG),
+            breakdown_share=o.shares("breakdown_share", CATEGORIES, 0.0, 1.0),
+            phases_share=o.shares("phases_share", PHASES, 0.0, 1.0),
+            gpu_idle_ms=o.number("gpu_idle_ms", 0.0, _BIG, optional=True),
+            gpu_idle_share=o.number("gpu_idle_share", 0.0, 1.0, optional=True),
+            top_cpu_ops=tuple(OpTime.decode(v, w, "self_ms") for v, w in o.items("top_cpu_ops", MAX_TOP)),
+            top_kernels=tuple(OpTime.decode(v, w, "total_ms") for v, w in o.items("top_kernels", MAX_TOP)),
+            cpu_ops_per_step=o.number("cpu_ops_per_step", 0.0, _BIG, optional=True),
+            kernels_per_step=o.number("kernels_per_step", 0.0, _BIG, optional=True),
+            short_kernel_share=o.number("short_kernel_share", 0.0, 1.0, optional=True),
+            sync_calls_per_step=sync.number("calls_per_step", 0.0, _BIG, optional=True),
+            sync_ms_per_step=sync.number("ms_per_step", 0.0, _BIG, optional=True),
+            trace_bytes=o.integer("trace_bytes", 0, _U63, optional=True),
+            trace_gz_bytes=o.integer("trace_gz_bytes", 0, _U63, optional=True),
+            trace_path=o.text("trace_path", 4096, optional=True),
+            trace_dir=o.text("trace_dir", 4096, optional=True),
+            trace_note=o.text("trace_note", TEXT, optional=True),
+            summary_s=o.number("summary_s", 0.0, _TIME_MAX, optional=True),
+            rss_before_bytes=o.integer("rss_before_bytes", 0, _U63, optional=True),
+            rss_after_bytes=o.integer("rss_after_bytes", 0, _U63, optional=True),
+            rss_growth_since_first_bytes=o.integer("rss_growth_since_first_bytes", -_U63, _U63, optional=True),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object, in the shape ``summarize_trace`` and the burst write it.
+
+        ``error`` and ``trace_note`` are present only when set (readers test ``"error" in``).
+        """
+        out: dict[str, Any] = {"id": self.id}
+        if self.error is not None:
+            out["error"] = self.error
+        out.update(
+            mode=self.mode,
+            started_at=self.started_at,
+            duration_s=self.duration_s,
+            measured_step_ms=list(self.measured_step_ms),
+        )
+        if self.steps is not None:
+            out.update(
+                steps=self.steps,
+                step_time_ms=self.step_time_ms,
+                step_times_ms=list(self.step_times_ms),
+                events=self.events,
+                breakdown_ms=dict(self.breakdown_ms),
+                breakdown_share=dict(self.breakdown_share),
+                phases_share=dict(self.phases_share),
+                gpu_idle_ms=self.gpu_idle_ms,
+                gpu_idle_share=self.gpu_idle_share,
+                top_cpu_ops=[{"name": t.name, "self_ms": t.ms, "calls": t.calls} for t in self.top_cpu_ops],
+                top_kernels=[{"name": t.name, "total_ms": t.ms, "calls": t.calls} for t in self.top_kernels],
+                cpu_ops_per_step=self.cpu_ops_per_step,
+                kernels_per_step=self.kernels_per_step,
+                short_kernel_share=self.short_kernel_share,
+                sync={"calls_per_step": self.sync_calls_per_step, "ms_per_step": self.sync_ms_per_step},
+            )
+        out.update(
+            trace_bytes=self.trace_bytes,
+            trace_gz_bytes=self.trace_gz_bytes,
+            trace_path=self.trace_path,
+            trace_dir=self.trace_dir,
+        )
+        if self.trace_note is not None:
+            out["trace_note"] = self.trace_note
+        out.update(
+            summary_s=self.summary_s,
+            rss_before_bytes=self.rss_before_bytes,
+            rss_after_bytes=self.rss_after_bytes,
+            rss_growth_since_first_bytes=self.rss_growth_since_first_bytes,
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class BurstState:
+    """The burst machinery's state: ``idle``/``armed``/``running``/``summarizing``, the mode
+    (``steps``/``window``), bursts asked so far, the last result and the last refusal."""
+
+    state: str = "idle"
+    mode: str = ""
+    count: int = 0
+    last: BurstResult | None = None
+    last_refusal: Refusal | None = None
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> BurstState:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            state=o.text("state", 16, choices=BURST_STATES),
+            mode=o.text("mode", 16, optional=True, choices=BURST_MODES) or "",
+            count=o.integer("count", 0, _U63),
+            last=_opt(o.d.get("last"), f"{where}.last", BurstResult.decode),
+            last_refusal=_opt(o.d.get("last_refusal"), f"{where}.last_refusal", Refusal.decode),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {
+            "state": self.state,
+            "mode": self.mode,
+            "count": self.count,
+            "last": None if self.last is None else self.last.to_json(),
+            "last_refusal": None if self.last_refusal is None else self.last_refusal.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    """Everything ``hook.json`` holds: who publishes (the process instance), the burst
+    signal and whether the hook owns its handler, the training's settings, the burst state and
+    the hook's errors.
+
+    Attributes:
+        instance: the process that wrote it; torchwatch accepts the record only when it is the
+            live process it watches (PID reuse and other PID namespaces are told apart).
+        started: when the hook started, monotonic s.
+        signal: the burst signal (0: bursts off), one of :func:`burst_signals` otherwise.
+        usable_cpus: CPUs the training may use (affinity and cgroup quota). shm_bytes: size of
+            ``/dev/shm``, bytes.
+    """
+
+    instance: Instance
+    python: str
+    torch: str | None
+    started: float
+    signal: int
+    signal_owned: bool
+    burst_at: tuple[int, ...] = ()
+    usable_cpus: float | None = None
+    shm_bytes: int | None = None
+    cuda_initialized: bool = False
+    amp: AmpInfo = AmpInfo()
+    dataloaders: tuple[LoaderInfo, ...] = ()
+    burst: BurstState | None = None
+    errors: tuple[str, ...] = ()
+
+    @classmethod
+    def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
+        """Check and type a parsed ``hook.json``.
+
+        Raises:
+            WireError: wrong schema, a missing field, a wrong type, a value out of range, a
+                list or string too long (the message names the field).
+        """
+        o = _Obj(value, where)
+        schema = o.d.get("schema")
+        if schema != SCHEMA:
+            shown = clean_text(schema, 40) if isinstance(schema, str) else _type(schema)
+            raise WireError(f"{where}: schema {shown!r}, expected {SCHEMA!r}")
+        return cls(
+            instance=Instance(o.integer("pid", 1, PID_MAX), o.integer("start", 0, _U63), o.integer("pidns", 0, _U63)),
+            python=o.text("python", 32, optional=True) or "",
+            torch=o.text("torch", 64, optional=True),
+            started=o.number("started", 0.0, _TIME_MAX),
+            signal=o.integer("signal", 0, 128),
+            signal_owned=o.flag("signal_owned"),
+            burst_at=tuple(_int_item(v, w) for v, w in o.items("burst_at", 64)),
+            usable_cpus=o.number("usable_cpus", 0.0, 1 << 20, optional=True),
+            shm_bytes=o.integer("shm_bytes", 0, _U63, optional=True),
+            cuda_initialized=o.flag("cuda_initialized", optional=True) or False,
+            amp=_opt(o.d.get("amp"), f"{where}.amp", AmpInfo.decode) or AmpInfo(),
+            dataloaders=tuple(LoaderInfo.decode(v, w) for v, w in o.items("dataloaders", MAX_LOADERS)),
+            burst=_opt(o.d.get("burst"), f"{where}.burst", BurstState.decode),
+            errors=tuple(_text_item(v, w) for v, w in o.items("errors", MAX_ERRORS)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (``torchwatch.hook/2``)."""
+        return {
+            "schema": SCHEMA,
+            "pid": self.instance.pid,
+            "start": self.instance.start,
+            "pidns": self.instance.pidns,
+            "python": self.python,
+            "torch": self.torch,
+            "started": self.started,
+            "signal": self.signal,
+            "signal_owned": self.signal_owned,
+            "burst_at": list(self.burst_at),
+            "usable_cpus": self.usable_cpus,
+            "shm_bytes": self.shm_bytes,
+            "cuda_initialized": self.cuda_initialized,
+            "amp": self.amp.to_json(),
+            "dataloaders": [d.to_json() for d in self.dataloaders],
+            "burst": None if self.burst is None else self.burst.to_json(),
+            "errors": list(self.errors),
+        }
+
+
+def _int_item(v: object, where: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _U63:
+        raise WireError(f"{where}: expected a count, got {_type(v)}")
+    return v
+
+
+def _text_item(v: object, where: str) -> str:
+    if not isinstance(v, str) or len(v) > TEXT:
+        raise WireError(f"{where}: expected a string of at most {TEXT} characters")
+    return clean_text(v, TEXT)
+
+
+# -- the burst request --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BurstRequest:
+    """Bounds of one burst (``request.json``, written by torchwatch before the signal).
+
+    Attributes:
+        warmup: steps profiled but discarded first (the profiler's own start-up cost lands there).
+        steps: active steps recorded (at most 20).
+        max_s: seconds after which the burst stops at the next step boundary (or in time-window
+            mode, at the deadline).
+        window_s: length of a time-window burst, for processes that make no optimizer steps.
+        max_bytes: a larger exported trace is deleted before it is read (no summary).
+        arm_timeout_s: seconds to wait for a step boundary before falling back to a time window.
+    """
+
+    warmup: int = 1
+    steps: int = 3
+    max_s: float = 10.0
+    window_s: float = 2.0
+    max_bytes: int = 200 * 1024 * 1024
+    arm_timeout_s: float = 3.0
+
+    @classmethod
+    def from_request(cls, req: Mapping[str, Any] | None) -> BurstRequest:
+        """Params from a ``request.json`` dict, each value clamped to a safe range (a wrong
+        type or a non-finite number gives the default)."""
+        d = cls()
+        if not req:
+            return d
+
+        def num(key: str, lo: float, hi: float, default: float) -> float:
+            v = req.get(key, default)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                return default
+            return min(hi, max(lo, float(v)))
+
+        return cls(
+            warmup=int(num("warmup", 0, 5, d.warmup)),
+            steps=int(num("steps", 1, 20, d.steps)),
+            max_s=num("max_s", 0.5, 60.0, d.max_s),
+            window_s=num("window_s", 0.2, 30.0, d.window_s),
+            max_bytes=int(num("max_bytes", 1e6, 2e9, d.max_bytes)),
+            arm_timeout_s=num("arm_timeout_s", 0.5, 60.0, d.arm_timeout_s),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return dict(self.__dict__)
+
+
+# -- counters -------------------------------------------------------------------------------------
+COUNTERS_MAGIC = b"TWH2"
+COUNTERS_VERSION = 2
+# magic, version, seq, pid, start (ticks), pid namespace inode, steps, batches, ring capacity,
+# ring written, last step end (s), data wait total (s), step time total (s), in-next since
+# (s, 0 = not in next), last batch end (s), first step end (s)
+HEADER = struct.Struct("<4sIQQQQQQQQdddddd")
+SEQ = struct.Struct("<Q")  # the header's seq field, at offset 8
+SEQ_OFFSET = 8
+ENTRY = struct.Struct("<ddd")  # step end (monotonic s), step duration (s), data wait in the step (s)
+RING = 512
+COUNTERS_SIZE = HEADER.size + RING * ENTRY.size
+
+
+@dataclass(frozen=True)
+class CounterSnapshot:
+    """One consistent read of the hook's counters. Times are ``time.monotonic()`` seconds (the
+    same clock in every process of the machine), durations in s.
+
+    Attributes:
+        instance: the training process that writes them.
+        steps: optimizer steps since the hook started.
+        batches: batches taken from DataLoader iterators.
+        last_step_t: when the last step ended (0.0: none yet).
+        first_step_t: when the first step ended (0.0: none yet).
+        data_wait_s: total time blocked in DataLoader ``__next__``.
+        step_time_s: total duration of the steps (from the first step end on).
+        in_next_since: when the ``__next__`` now running began (0.0: not in one).
+        last_batch_t: when the last batch arrived (0.0: none yet).
+        entries: the last up-to-:data:`RING` steps as ``(end, duration, data wait)``, oldest first.
+    """
+
+    instance: Instance
+    steps: int
+    batches: int
+    last_step_t: float
+    first_step_t: float
+    data_wait_s: float
+    step_time_s: float
+    in_next_since: float
+    last_batch_t: float
+    entries: tuple[tuple[float, float, float], ...]
+
+    @property
+    def pid(self) -> int:
+        """The writer's PID (in its own namespace)."""
+        return self.instance.pid
+
+
+class Busy(WireError):
+    """The counters were being written (odd sequence number, or it changed while read)."""
+
+
+def decode_counters(data: bytes, again: bytes, expect: Instance | None = None) -> CounterSnapshot:
+    """Decode a ``counters`` file read twice (the whole file, then its header again).
+
+    Args:
+        data: the file's :data:`COUNTERS_SIZE` bytes. again: its header, read after ``data``.
+        expect: the process that must have written it (``None``: any).
+
+    Raises:
+        Busy: a write was in progress (read again). WireError: wrong size, magic, version,
+            ring, writer, or a value that is not a count or a clock reading.
+    """
+    if len(data) != COUNTERS_SIZE or len(again) < HEADER.size:
+        raise WireError(f"counters: {len(data)} bytes, expected {COUNTERS_SIZE}")
+    head = HEADER.unpack_from(data, 0)
+    magic, version, seq, pid, start, ns, steps, batches, ring, written = head[:10]
+    if magic != COUNTERS_MAGIC or version != COUNTERS_VERSION:
+        raise WireError("counters: not a torchwatch counters file of this version")
+    if seq % 2 or seq != SEQ.unpack_from(again, SEQ_OFFSET)[0]:
+        raise Busy("counters: being written")
+    inst = Instance(pid, start, ns)
+    if expect is not None and inst != expect:
+        raise WireError(f"counters: written by process {inst.dir_name}, not {expect.dir_name}")
+    if ring != RING or written > _U63 or steps > _U63 or batches > _U63:
+        raise WireError("counters: bad ring or counts")
+    times = head[10:]
+    if not all(math.isfinite(t) and 0.0 <= t <= _TIME_MAX for t in times):
+        raise WireError("counters: a time is not a clock reading")
+    last_step, wait, step_time, in_next, last_batch, first = times
+    n = min(written, ring)
+    begin = written - n
+    entries = tuple(ENTRY.unpack_from(data, HEADER.size + ((begin + i) % ring) * ENTRY.size) for i in range(n))
+    if not all(math.isfinite(x) and abs(x) <= _TIME_MAX for e in entries for x in e):
+        raise WireError("counters: a step entry is not a clock reading")
+    return CounterSnapshot(inst, steps, batches, last_step, first, wait, step_time, in_next, last_batch, entries)
