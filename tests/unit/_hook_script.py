@@ -113,6 +113,13 @@ def main() -> None:
             for _ in range(20):
                 x = torch.tanh(x @ x.T / 64)
             time.sleep(0.01)
+    elif MODE == "signals":
+        train(0.5)
+        out["handlers"] = {
+            name: "default" if signal.getsignal(getattr(signal, name)) in (signal.SIG_DFL, signal.default_int_handler)
+            else "handled"
+            for name in ("SIGKILL", "SIGTERM", "SIGINT")
+        }  # fmt: skip
     elif MODE == "epoch_end":
         for x, y in loader:  # to the end of the epoch: the last __next__ raises StopIteration
             step(x, y)
