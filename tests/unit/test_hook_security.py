@@ -321,11 +321,10 @@ def test_pid_reuse_or_a_stale_dir_gives_no_hook_and_no_signal(tmp_path: Path) ->
         base.mkdir(mode=0o700)
         # the dead training's files: the old layout named by the bare PID, and the new layout
         # named after this PID's instance but written by an earlier process of the same PID
-        for d, start in ((base / str(inst.pid), inst.start), (base / inst.dir_name, inst.start - 1)):
+        dead = wire.Instance(inst.pid, inst.start - 1, inst.pidns)
+        for d in (base / str(inst.pid), base / inst.dir_name):
             d.mkdir(mode=0o700)
-            rec = wire.HookRecord(
-                wire.Instance(inst.pid, start, inst.pidns), "3", "2.13", 1.0, int(signal.SIGUSR2), True
-            ).to_json()
+            rec = wire.HookRecord(dead, "3", "2.13", 1.0, int(signal.SIGUSR2), True).to_json()
             (d / wire.STATE_FILE).write_text(json.dumps(rec))
         for directory in (base / str(inst.pid), base / inst.dir_name):
             reader = HookReader(daemon.pid, directory)
