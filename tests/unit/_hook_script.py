@@ -77,7 +77,7 @@ def main() -> None:
 
     train(0.5)
     if MODE == "burst":
-        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), hook.signum if hook else signal.SIGUSR2)
         train(30.0, until=lambda: (state().get("burst") or {}).get("last") is not None)
     elif MODE == "user_profiler":
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
@@ -113,6 +113,28 @@ def main() -> None:
             for _ in range(20):
                 x = torch.tanh(x @ x.T / 64)
             time.sleep(0.01)
+    elif MODE == "big_trace":
+        from torchwatch.hook import publish, summary
+
+        calls = []
+        real_load = summary.load_trace
+        summary.load_trace = lambda path: calls.append(path) or real_load(path)  # type: ignore[assignment]
+        fd = publish.open_dir(hook.dir, (os.geteuid(),), private=True)
+        publish.write_atomic(fd, "request.json", b'{"steps": 20, "max_bytes": 1}')  # 1 MB after clamping
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+        def many_ops(x: torch.Tensor, y: torch.Tensor) -> None:
+            step(x, y)
+            z = x
+            for _ in range(300):  # many small operators: a trace of several MB in 20 steps
+                z = z + 1
+
+        end = time.monotonic() + 60
+        while time.monotonic() < end and (state().get("burst") or {}).get("last") is None:
+            for x, y in loader:
+                many_ops(x, y)
+        out["load_trace_calls"] = len(calls)
     elif MODE == "signals":
         train(0.5)
         out["handlers"] = {

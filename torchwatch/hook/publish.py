@@ -32,6 +32,7 @@ have planted anything):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
@@ -131,8 +132,12 @@ def open_dir(path: str | os.PathLike[str], owners: Collection[int], private: boo
     try:
         fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (40, 20):  # ELOOP: a symbolic link; ENOTDIR: a file
-            raise Unsafe(f"{shown} is {'a symbolic link' if exc.errno == 40 else 'not a directory'}") from None
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # with O_DIRECTORY, a link gives either
+            try:
+                link = stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+            except OSError:
+                link = exc.errno == errno.ELOOP
+            raise Unsafe(f"{shown} is {'a symbolic link' if link else 'not a directory'}") from None
         raise
     try:
         _check_dir(fd, shown, owners, private)

@@ -42,6 +42,7 @@ _said: set[str] = set()
 
 def _say(message: str) -> None:
     """One line on stderr, once per message: why the hook is off (it never raises instead)."""
+    message = wire.clean_text(message, wire.TEXT)  # a 100 kB TORCHWATCH_DIR stays one short line
     if message in _said:
         return
     _said.add(message)
