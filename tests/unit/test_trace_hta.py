@@ -1,0 +1,49 @@
+"""A real burst's trace folder opens in HolisticTraceAnalysis (HTA), as the README says.
+
+HTA reads every ``.json``/``.gz`` of the folder it is given and keeps one trace per rank, so a
+burst folder must hold that burst's trace and nothing else (the summary sits beside it).
+The training is CPU-only: HTA's GPU analyses (temporal and idle-time breakdown) need kernels,
+so the test loads the folder and checks what a CPU trace holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
+
+SCRIPT = Path(__file__).with_name("_hook_script.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_hta_loads_a_real_bursts_folder(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "burst", str(tmp_path / "tw")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces")},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])["state"]["burst"]["last"]
+    folder = Path(last["trace_dir"])
+    assert (folder.parent / "burst-1.summary.json").exists()  # beside the folder, not in it
+
+    analysis = hta.TraceAnalysis(trace_dir=str(folder))
+    assert list(analysis.t.traces) == [0]  # one trace, as rank 0
+    df = analysis.t.get_trace(0)
+    names = set(analysis.t.symbol_table.get_sym_table())
+    steps = [n for n in names if n.startswith("ProfilerStep#")]
+    assert len(steps) >= last["steps"]
+    assert "aten::addmm" in names or "aten::linear" in names  # the model's operators
+    assert {int(i) for i in df["iteration"] if i >= 0}  # HTA split the events into the ProfilerStep iterations
+    kernels = analysis.get_gpu_kernel_breakdown(visualize=False)
+    assert all(len(k) == 0 for k in kernels)  # a CPU trace: no kernels, and no error saying so
