@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.hookrun import hook_script, result
 from torchwatch.features import compute
 from torchwatch.hook import publish, should_install, wire
 from torchwatch.readings import HookState
@@ -259,18 +260,10 @@ def test_no_burst_without_a_hook_or_when_the_hook_lost_the_signal(tmp_path: Path
 # -- the hook in a real training process ------------------------------------------------------
 def run_script(mode: str, tmp_path: Path, **env: str) -> dict[str, Any]:
     """Run tests/unit/_hook_script.py MODE in a fresh interpreter; its JSON result."""
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), mode, str(tmp_path / "tw")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces"), **env},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["stderr"] = proc.stderr
-    return result
+    proc = hook_script(mode, tmp_path / "tw", tmp_path / "traces", **env)
+    out = result(proc)
+    out["stderr"] = proc.stderr
+    return out
 
 
 def test_hook_measures_steps_settings_amp_and_runs_a_burst(tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.hookrun import hook_script, result
 from torchwatch.watch import hook_env
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 SMALL = HERE.parent / "integration" / "_small_train.py"
-SCRIPT = HERE / "_hook_script.py"
 
 
 def _bad_environments(tmp: Path) -> list[dict[str, str]]:
@@ -129,17 +129,7 @@ def test_a_launcher_passes_the_preload_on_to_its_ranks(tmp_path: Path) -> None:
 
 
 def test_a_trace_over_its_bound_is_deleted_before_it_is_read(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), "big_trace", str(tmp_path / "tw")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces")},
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.splitlines()[-1])
+    out = result(hook_script("big_trace", tmp_path / "tw", tmp_path / "traces"))
     last = out["state"]["burst"]["last"]
     assert last["trace_bytes"] > 1_000_000 and last["trace_path"] is None
     assert "deleted unread" in last["error"] and last.get("steps") is None
@@ -149,16 +139,6 @@ def test_a_trace_over_its_bound_is_deleted_before_it_is_read(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("value", ["SIGUSR1", "SIGRTMIN+3"])
 def test_a_burst_on_another_allowed_signal(tmp_path: Path, value: str) -> None:
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), "burst", str(tmp_path / "tw")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces"), "TORCHWATCH_SIGNAL": value},
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    st = json.loads(r.stdout.splitlines()[-1])["state"]
+    st = result(hook_script("burst", tmp_path / "tw", tmp_path / "traces", TORCHWATCH_SIGNAL=value))["state"]
     assert st["signal_owned"] and "error" not in st["burst"]["last"]
     assert st["burst"]["last"]["steps"] == 3

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import users
+from tests.unit.hookrun import hook_script
 from torchwatch.hook import wire
 from torchwatch.readings import Status
 from torchwatch.sources.hook import HookReader, HookSource, instance_of, send_burst_signal
@@ -127,14 +128,7 @@ def test_root_burst_request_survives_a_symlink_swapping_user(make_user: MakeUser
 
 # -- finding 2: the hook creates, changes and removes only what it made ---------------------------
 def _run_hook_script(tw_dir: Path, tmp_path: Path, mode: str = "plain", **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), mode, str(tw_dir)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces"), **env},
-    )
+    return hook_script(mode, tw_dir, tmp_path / "traces", **env)
 
 
 def test_torchwatch_dir_runs_keeps_its_mode_and_entries(tmp_path: Path) -> None:

@@ -8,32 +8,18 @@ so the test loads the folder and checks what a CPU trace holds.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
+from tests.unit.hookrun import hook_script, result
 
-SCRIPT = Path(__file__).with_name("_hook_script.py")
-REPO = Path(__file__).resolve().parents[2]
+hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
 
 
 def test_hta_loads_a_real_bursts_folder(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "burst", str(tmp_path / "tw")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces")},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = json.loads(proc.stdout.strip().splitlines()[-1])["state"]["burst"]["last"]
+    proc = hook_script("burst", tmp_path / "tw", tmp_path / "traces")
+    last = result(proc)["state"]["burst"]["last"]
     folder = Path(last["trace_dir"])
     assert (folder.parent / "burst-1.summary.json").exists()  # beside the folder, not in it
 
