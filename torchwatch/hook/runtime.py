@@ -183,8 +183,8 @@ class Hook:
     def __init__(self, directory: Path, signum: int, burst_at: tuple[int, ...], signal_error: str = "") -> None:
         self.instance = wire.self_instance()
         self.pid = self.instance.pid
-        self.base = directory
-        self.dir = directory / self.instance.dir_name
+        self.base = directory.absolute()  # fixed now: the training may chdir later
+        self.dir = self.base / self.instance.dir_name
         self.signum = signum if wire.signal_allowed(signum) else 0
         self.signal_error = signal_error or (f"signal {signum} is not allowed: bursts are off" if signum else "")
         self.burst_at = tuple(sorted(set(burst_at)))

@@ -91,6 +91,16 @@ def instance_of(pid: int) -> wire.Instance:
     return wire.Instance(local, start, ns)
 
 
+def _base(pid: int, uid: int | None) -> Path:
+    """The target's hook base directory; a relative ``TORCHWATCH_DIR`` is taken from its
+    working directory (the hook fixes it when it starts)."""
+    base = publish.base_dir(_environ(pid), uid)
+    if not base.is_absolute():
+        with contextlib.suppress(OSError):
+            base = Path(os.readlink(f"/proc/{pid}/cwd")) / base
+    return base
+
+
 def hook_dir(pid: int) -> Path | None:
     """Where the hook of ``pid`` publishes (from its environment, owner and instance); ``None``
     when the process cannot be read."""
@@ -98,7 +108,7 @@ def hook_dir(pid: int) -> Path | None:
         inst = instance_of(pid)
     except wire.WireError:
         return None
-    return publish.base_dir(_environ(pid), _uid(pid)) / inst.dir_name
+    return _base(pid, _uid(pid)) / inst.dir_name
 
 
 class HookReader:
@@ -127,7 +137,7 @@ class HookReader:
         if directory is not None:
             self.dir: Path | None = directory
         elif self.instance is not None:
-            self.dir = publish.base_dir(_environ(pid), self.uid) / self.instance.dir_name
+            self.dir = _base(pid, self.uid) / self.instance.dir_name
         else:
             self.dir = None
         self.missing = True
