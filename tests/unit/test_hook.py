@@ -143,6 +143,7 @@ def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
         (["python", "-m", "torch._inductor.compile_worker", "--pickler=x"], False),
         (["/venv/bin/python", "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py"], False),
         (["python", "-u", "/home/u/torch/train.py"], True),  # a directory named torch is fine
+        (["python", "/home/u/mytorch/_inductor/train.py"], True),
     ],
 )
 def test_should_install_only_in_training_processes(argv: list[str], yes: bool) -> None:
