@@ -293,7 +293,10 @@ class Hook:
             t0 = time.monotonic()
             counters = hook.counters
             if counters is not None:
-                counters.next_started(t0)
+                try:
+                    counters.next_started(t0)
+                except Exception:  # never into the user's loop (a closed mapping at exit)
+                    counters = None
             try:
                 batch = orig_next(it)
             except BaseException:
@@ -502,13 +505,13 @@ class Hook:
 
     def _interrupt_main(self) -> bool:
         """From a timer thread: run our signal handler in the main thread, without a real signal."""
-        if not _active or not self._check_signal():
-            return False
-        import _thread
-
         try:
+            if not _active or not self._check_signal():
+                return False
+            import _thread
+
             _thread.interrupt_main(self.signum)  # type: ignore[arg-type]  # an int works since 3.10
-        except (ValueError, RuntimeError):
+        except Exception:
             return False
         return True
 
