@@ -142,3 +142,35 @@ def test_a_burst_on_another_allowed_signal(tmp_path: Path, value: str) -> None:
     st = result(hook_script("burst", tmp_path / "tw", tmp_path / "traces", TORCHWATCH_SIGNAL=value))["state"]
     assert st["signal_owned"] and "error" not in st["burst"]["last"]
     assert st["burst"]["last"]["steps"] == 3
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "publish.Counters = boom",  # on_torch fails half-way
+        "publish.prepare_dir = boom",  # the base directory cannot be prepared
+        "runtime.Hook._take_signal = boom",  # a bug in taking the signal
+        "runtime.Hook._patch = boom",  # a bug in patching torch
+        "wire.HookRecord.to_json = boom",  # a bug in publishing
+    ],
+)
+def test_a_failing_hook_never_raises_into_import_torch(tmp_path: Path, breakage: str) -> None:
+    code = (
+        "import sys\n"
+        "from torchwatch.hook import install, publish, runtime, wire\n"
+        "def boom(*a, **k):\n"
+        "    raise RuntimeError('broken on purpose')\n"
+        f"{breakage}\n"
+        "assert install(directory=sys.argv[1])\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)\n"
+        "for _ in DataLoader(list(range(4))):\n"
+        "    opt.step()\n"
+        "print('trained')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "tw")], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert r.returncode == 0 and r.stdout == "trained\n", r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
