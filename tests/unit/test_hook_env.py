@@ -98,6 +98,7 @@ def test_the_run_preload_does_not_reach_the_trainings_children(tmp_path: Path) -
         "import subprocess, sys, torch\n"
         "from torchwatch.hook import runtime\n"
         "assert runtime.current() is not None and runtime.current().torch is not None\n"
+        "assert runtime.current().burst_at == (7,)  # read before the variables were removed\n"
         "sys.stdout.write(subprocess.run([sys.executable, '-c', sys.argv[1]], capture_output=True, text=True).stdout)\n"
     )
     env = hook_env(burst_at=(7,))

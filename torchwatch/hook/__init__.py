@@ -133,13 +133,14 @@ def install(
         ok, _why = should_install()
         if not ok:
             return False
-        _scrub_preload_env()
+        steps = _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at)
+        _scrub_preload_env()  # after reading TORCHWATCH_BURST_AT, one of the variables it removes
         base = Path(directory) if directory is not None else publish.base_dir()
         if signum is None:
             sig, why = _env_signal()
         else:
             sig, why = (int(signum), "") if wire.signal_allowed(signum) else (0, f"signal {signum!r} is not allowed")
-        runtime.start(sig, _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at), base, why)
+        runtime.start(sig, steps, base, why)
         return True
     except Exception as exc:  # the training comes first
         sys.stderr.write(f"torchwatch hook: not installed: {exc!r}\n")
