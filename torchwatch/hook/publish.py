@@ -330,6 +330,15 @@ def encode_json(data: Any) -> bytes:
 
 
 # -- counters ---------------------------------------------------------------------------------
+# bound once: the hot path (every step and batch) pays no lookups for them
+_pack_seq = SEQ.pack_into
+_pack_dynamic = wire.DYNAMIC.pack_into
+_pack_entry = ENTRY.pack_into
+_DYNAMIC_OFFSET = wire.DYNAMIC_OFFSET
+_ENTRIES_AT = HEADER.size
+_ENTRY_SIZE = ENTRY.size
+
+
 class Counters:
     """The writer's side of the ``counters`` file: a seqlock-protected header and a step ring.
 
@@ -361,6 +370,9 @@ class Counters:
         finally:
             os.close(fd)
         self.instance = instance
+        wire.IDENTITY.pack_into(
+            self._mm, 0, wire.COUNTERS_MAGIC, wire.COUNTERS_VERSION, instance.pid, instance.start, instance.pidns
+        )
         self.seq = 0
         self.steps = 0
         self.batches = 0
@@ -381,19 +393,13 @@ class Counters:
             raise
 
     def _flush(self) -> None:
-        self.seq += 1  # odd: write in progress
-        SEQ.pack_into(self._mm, SEQ_OFFSET, self.seq)
-        self.seq += 1
-        inst = self.instance
-        HEADER.pack_into(
-            self._mm,
-            0,
-            wire.COUNTERS_MAGIC,
-            wire.COUNTERS_VERSION,
-            self.seq,
-            inst.pid,
-            inst.start,
-            inst.pidns,
+        # seqlock: odd while the fields change, even again only after they are all written
+        mm = self._mm
+        seq = self.seq + 1
+        _pack_seq(mm, SEQ_OFFSET, seq)
+        _pack_dynamic(
+            mm,
+            _DYNAMIC_OFFSET,
             self.steps,
             self.batches,
             RING,
@@ -405,6 +411,8 @@ class Counters:
             self.last_batch_t,
             self.first_step_t,
         )
+        self.seq = seq = seq + 1
+        _pack_seq(mm, SEQ_OFFSET, seq)
 
     def step(self, end: float, duration: float | None, wait: float) -> None:
         """Record a step that ended at ``end`` (monotonic s), lasted ``duration`` s (``None`` for
@@ -412,7 +420,7 @@ class Counters:
         self.steps += 1
         if duration is not None:
             self.step_time_s += duration
-            ENTRY.pack_into(self._mm, HEADER.size + (self.written % RING) * ENTRY.size, end, duration, wait)
+            _pack_entry(self._mm, _ENTRIES_AT + (self.written % RING) * _ENTRY_SIZE, end, duration, wait)
             self.written += 1
         else:
             self.first_step_t = end

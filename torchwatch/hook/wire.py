@@ -766,6 +766,10 @@ COUNTERS_VERSION = 2
 HEADER = struct.Struct("<4sIQQQQQQQQdddddd")
 SEQ = struct.Struct("<Q")  # the header's seq field, at offset 8
 SEQ_OFFSET = 8
+IDENTITY = struct.Struct("<4sI8xQQQ")  # magic, version, (seq), pid, start, pidns: written once
+DYNAMIC = struct.Struct("<QQQQdddddd")  # steps ... first step end: rewritten at every update
+DYNAMIC_OFFSET = IDENTITY.size
+assert IDENTITY.size + DYNAMIC.size == HEADER.size
 ENTRY = struct.Struct("<ddd")  # step end (monotonic s), step duration (s), data wait in the step (s)
 RING = 512
 COUNTERS_SIZE = HEADER.size + RING * ENTRY.size
