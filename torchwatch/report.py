@@ -161,7 +161,9 @@ def burst_lines(burst: Mapping[str, Any] | None) -> list[str]:
     if kernels:
         lines.append("    top kernels: " + ", ".join(f"{k['name'][:40]} {k['total_ms']:.1f} ms" for k in kernels[:5]))
     if burst.get("trace_path"):
-        lines.append(f"    trace: {burst['trace_path']} (open in ui.perfetto.dev or TensorBoard)")
+        lines.append(f"    trace: {burst['trace_path']} (opens in ui.perfetto.dev)")
+        if burst.get("trace_dir"):
+            lines.append(f"    its folder: {burst['trace_dir']} (HolisticTraceAnalysis; TensorBoard: its parent)")
     elif burst.get("trace_note"):
         lines.append(f"    trace: {burst['trace_note']}")
     return lines

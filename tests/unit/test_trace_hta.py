@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.hookrun import hook_script, result
+from torchwatch import report
 
 hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
 
@@ -22,6 +23,8 @@ def test_hta_loads_a_real_bursts_folder(tmp_path: Path) -> None:
     last = result(proc)["state"]["burst"]["last"]
     folder = Path(last["trace_dir"])
     assert (folder.parent / "burst-1.summary.json").exists()  # beside the folder, not in it
+    lines = report.burst_lines(last)
+    assert f"    its folder: {folder} (HolisticTraceAnalysis; TensorBoard: its parent)" in lines
 
     analysis = hta.TraceAnalysis(trace_dir=str(folder))
     assert list(analysis.t.traces) == [0]  # one trace, as rank 0
