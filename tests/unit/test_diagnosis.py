@@ -39,14 +39,61 @@ _STORAGE: dict[str, Any] = {
 }
 
 
+# NVML util 100 % with GPM SM activity 0.2: many small kernels (Hopper with GPM).
+_LAUNCH_GPM: dict[str, Any] = {"gpu_util_mean": 100.0, "gpu_sm_active_mean": 0.2, "data_wait_share": 0.0}
+# A CUDA burst: GPU idle 45 % of the step, 40 % waiting for the host, kernels of normal length.
+_HOST_WAIT: dict[str, Any] = {
+    "burst_gpu_idle_share": 0.45,
+    "burst_host_wait_share": 0.4,
+    "burst_kernel_wait_share": 0.01,
+    "burst_kernel_share": 0.5,
+    "burst_short_kernel_share": 0.1,
+    "burst_age_s": 20.0,
+    "main_running_share": 0.9,
+}
+
+
 # Per shipped rule: values that fire it, values that keep it silent, and the input that when
 # None makes it not applicable (set on top of the firing values).
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "gpu-memory-pressure": ({"gpu_mem_ratio": 0.95}, {"gpu_mem_ratio": 0.5}, "gpu_mem_ratio"),
     "gpu-saturated": (
-        {"gpu_util_mean": 97.0, "data_wait_share": 0.05},
-        {"gpu_util_mean": 97.0, "data_wait_share": 0.5},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05, "gpu_sm_active_mean": 0.92},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.5, "gpu_sm_active_mean": 0.92},
         "gpu_util_mean",
+    ),
+    "gpu-util-unverified": (
+        # util alone, no GPM (an A100), no burst: cannot be checked
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05, "gpu_sm_active_mean": 0.92},
+        "gpu_util_mean",  # no NVML at all
+    ),
+    "gpu-launch-bound": (
+        {**_LAUNCH_GPM},
+        {**_LAUNCH_GPM, "gpu_sm_active_mean": 0.85},
+        "gpu_util_mean",
+    ),
+    "gpu-host-wait": (
+        {**_HOST_WAIT},
+        # idle, but mostly waiting on something already queued (events, another stream)
+        {**_HOST_WAIT, "burst_host_wait_share": 0.05, "burst_kernel_wait_share": 0.02},
+        "burst_gpu_idle_share",  # a CPU-only burst: no device events
+    ),
+    "pageable-h2d": (
+        {
+            "burst_pageable_h2d_bytes_per_step": 48 * 2**20,
+            "burst_pageable_h2d_per_step": 2.0,
+            "burst_age_s": 30.0,
+            "burst_pageable_h2d_share": 0.12,
+        },
+        # a few scalars copied to the device each step: normal
+        {
+            "burst_pageable_h2d_bytes_per_step": 64.0,
+            "burst_pageable_h2d_per_step": 8.0,
+            "burst_age_s": 30.0,
+            "burst_pageable_h2d_share": 0.001,
+        },
+        "burst_pageable_h2d_bytes_per_step",  # no CUDA burst yet
     ),
     "input-waits-elsewhere": (
         {"input_other_wait_share": 0.5},
@@ -203,7 +250,7 @@ def settle(values: Features, rules: list[Rule] | None = None) -> Analysis:
 
 
 def test_gpu_beats_io() -> None:
-    a = settle(features(gpu_util_mean=97.0, storage_wait_share=0.6, fetch_cpu_share=0.5))
+    a = settle(features(gpu_util_mean=97.0, gpu_sm_active_mean=0.9, storage_wait_share=0.6, fetch_cpu_share=0.5))
     assert {"gpu-saturated", "storage-wait", "loader-cpu-in-main-thread"} <= ids(a)
     assert a.verdict.label == "gpu-bound"
 
@@ -388,7 +435,7 @@ def test_fixes_quote_the_loaders_real_settings() -> None:
 
 def test_amp_fix_only_when_autocast_is_not_on() -> None:
     def titles(**extra: float) -> list[str]:
-        f = features(gpu_util_mean=97.0, data_wait_share=0.05, gpu_mem_ratio=0.5, **extra)
+        f = features(gpu_util_mean=97.0, gpu_sm_active_mean=0.9, data_wait_share=0.05, gpu_mem_ratio=0.5, **extra)
         d = Diagnoser([RULES["gpu-saturated"]])
         d.evaluate(f, 0.0)
         return [fx.title for fx in d.evaluate(f, 10.0).findings[0].fixes]
