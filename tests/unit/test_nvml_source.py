@@ -447,4 +447,4 @@ def test_gpm_status_without_nvml_names_nvml() -> None:
     fake = FakeNvml([h100()], init_error=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     st = NvmlSource(list, nvml=fake).gpm_status
     assert st.status is Status.UNAVAILABLE
-    assert st.reason == f"needs NVML ({LIBRARY_NOT_FOUND})"
+    assert st.reason == f"needs NVML: {LIBRARY_NOT_FOUND}"

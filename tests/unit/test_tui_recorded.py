@@ -204,7 +204,7 @@ def _sources(gpus: bool) -> dict[str, SourceStatus]:
         "threads": SourceStatus.ok(),
         "py-spy": SourceStatus.ok(),
         "nvml": SourceStatus.ok() if gpus else NVML_MISSING,
-        "gpm": SourceStatus.unavailable(A100_NO_GPM if gpus else "needs NVML (NVML library not found)"),
+        "gpm": SourceStatus.unavailable(A100_NO_GPM if gpus else "needs NVML: NVML library not found"),
     }
 
 

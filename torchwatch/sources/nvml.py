@@ -356,7 +356,7 @@ class NvmlSource:
             if self.status.status is Status.STARTING:
                 return SourceStatus(Status.STARTING)
             if self.status.status is not Status.OK:
-                return SourceStatus.unavailable(f"needs NVML ({self.status.reason})", GPM_HINT)
+                return SourceStatus.unavailable(f"needs NVML: {self.status.reason}", GPM_HINT)
             reasons = {i: g.reason for i, g in self._gpm.items()}
         if not reasons or any(r is None for r in reasons.values()):
             return SourceStatus.ok() if reasons else SourceStatus.unavailable("no GPU", GPM_HINT)
