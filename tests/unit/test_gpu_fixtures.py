@@ -1,10 +1,12 @@
 """From readings to verdict on the GPU fixtures: NVML/GPM recordings and CUDA profiler traces.
 
 The fixtures in tests/fixtures/gpu/ are FABRICATED from the documented NVML and kineto structures (no GPU
-was lent; see the README there). Each test runs the real path: a recording through NvmlSource (replayed
-pynvml), a trace through summarize_trace and the hook's burst record, then features.compute, then the
-shipped rules. The loop's own features (py-spy / thread states) are given: those sources are CPU-side and
-tested elsewhere.
+was lent; see the README there). The assertions are about what the readings mean (SM activity above or
+below the rules' thresholds, host wait dominating), so recorded files can replace them by name.
+
+Each test runs the real path: a recording through NvmlSource (replayed pynvml), a trace through
+summarize_trace and the hook's burst record, then features.compute, then the shipped rules. The loop's
+own features (py-spy / thread states) are given: those sources are CPU-side and tested elsewhere.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torchwatch.diagnosis import Analysis, Diagnoser
 from torchwatch.features import Features
 from torchwatch.hook.summary import load_trace, summarize_trace
 from torchwatch.readings import GpuSample, HookState
-from torchwatch.rules_engine import load_rules
+from torchwatch.rules_engine import human_bytes, load_rules
 from torchwatch.store import Window
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
@@ -80,9 +82,9 @@ def na(a: Analysis) -> dict[str, str]:
 
 def test_h100_gpu_bound_recording_is_gpu_bound() -> None:
     f = feats(gpu_samples("nvml_h100_gpu_bound"))
-    assert f["gpu_sm_active_mean"] == pytest.approx(0.91, abs=0.02)
-    assert f["gpu_tensor_active_mean"] == pytest.approx(0.64, abs=0.03)
-    assert f["gpu_proc_sm_pct"] == pytest.approx(100.0, abs=2.0)
+    assert f["gpu_sm_active_mean"] is not None and f["gpu_sm_active_mean"] >= 0.8  # the SMs are busy
+    assert f["gpu_tensor_active_mean"] is not None and f["gpu_tensor_active_mean"] > 0.3  # bf16 matmuls
+    assert f["gpu_proc_sm_pct"] is not None and f["gpu_proc_sm_pct"] >= 90  # and it is the training's work
     a = settle(f)
     assert "gpu-saturated" in ids(a)
     assert not ids(a) & {"gpu-launch-bound", "gpu-util-unverified"}
@@ -94,7 +96,7 @@ def test_h100_gpu_bound_recording_is_gpu_bound() -> None:
 def test_h100_launch_bound_recording_is_launch_bound_not_gpu_bound() -> None:
     f = feats(gpu_samples("nvml_h100_launch_bound"))
     assert f["gpu_util_mean"] is not None and f["gpu_util_mean"] >= 90  # NVML says "busy"
-    assert f["gpu_sm_active_mean"] == pytest.approx(0.09, abs=0.02)  # the SMs say otherwise
+    assert f["gpu_sm_active_mean"] is not None and f["gpu_sm_active_mean"] < 0.5  # the SMs say otherwise
     a = settle(f)
     assert "gpu-launch-bound" in ids(a)
     assert "gpu-saturated" not in ids(a)
@@ -148,8 +150,8 @@ def test_gpm_decides_over_a_burst() -> None:
 
 def test_launch_bound_trace_splits_idle_into_host_wait() -> None:
     f = feats(hook=burst("trace_launch_bound"))
-    assert f["burst_short_kernel_share"] == 1.0
-    assert f["burst_kernels_per_step"] == 200.0
+    assert f["burst_short_kernel_share"] is not None and f["burst_short_kernel_share"] >= 0.9
+    assert f["burst_kernels_per_step"] is not None and f["burst_kernels_per_step"] >= 100
     assert f["burst_kernel_share"] is not None and f["burst_kernel_share"] < 0.3
     assert f["burst_host_wait_share"] is not None and f["burst_host_wait_share"] > 0.7
     a = settle(f)
@@ -183,11 +185,12 @@ def test_gpu_bound_trace_has_little_idle() -> None:
 def test_pageable_copies_name_pin_memory_with_the_loaders_settings() -> None:
     loader = {"num_workers": 4, "batch_size": 256, "pin_memory": False, "prefetch_factor": 2}
     a = settle(feats(hook=burst("trace_pageable_h2d", dataloader=loader)))
-    assert a.features["burst_pageable_h2d_per_step"] == 2.0
-    assert a.features["burst_pageable_h2d_bytes_per_step"] == 48 * 2**20 + 8
+    copies, nbytes = a.features["burst_pageable_h2d_per_step"], a.features["burst_pageable_h2d_bytes_per_step"]
+    assert copies is not None and copies >= 1
+    assert nbytes is not None and nbytes >= 2**20  # a batch, not a few scalars
     finding = next(x for x in a.findings if x.rule == "pageable-h2d")
     assert finding.severity == "info"  # a sub-cause: it never decides the label
-    assert "48.0 MiB per step" in finding.summary
+    assert f"{human_bytes(nbytes)} per step from pageable" in finding.summary
     fix = finding.fixes[0]
     assert "pin_memory=True" in fix.detail and "non_blocking=True" in fix.detail
     assert fix.detail.startswith("num_workers=4, batch_size=256, pin_memory=False")
