@@ -100,7 +100,7 @@ def test_gpu_card_shows_gpm_readings_or_why_there_are_none() -> None:
     _, h100 = nvml_replay.replay(nvml_replay.load("nvml_h100_launch_bound"))
     (card,) = views.gpu_cards(h100)
     last = h100[-1]
-    assert card.sm_active_pct == last.sm_active_pct and card.gpm_reason is None
+    assert card.last == last and last.gpm_reason is None
     assert len(card.sm_series) == len(h100) - 1  # the first sample has no GPM interval
     text = render.gpu_card_text(card).plain
     assert f"SM active {last.sm_active_pct:.0f}% · occupancy {last.sm_occupancy_pct:.0f}%" in text

@@ -226,8 +226,9 @@ def gpu_card_text(card: views.GpuCard) -> Text:
         text.append("  (used by the training)", style="green")
     text.append("\nutil ", style="dim")
     text.append(views.fmt_pct(card.util_pct), style="bold")
-    if card.proc_sm_pct is not None:
-        text.append(f" (training {views.fmt_pct(card.proc_sm_pct)})", style="dim")
+    last = card.last
+    if last is not None and last.proc_sm_pct is not None:
+        text.append(f" (training {views.fmt_pct(last.proc_sm_pct)})", style="dim")
     text.append(" · power ", style="dim")
     if card.power_w is None:
         text.append("n/a")
@@ -238,15 +239,17 @@ def gpu_card_text(card: views.GpuCard) -> Text:
             text.append(f" ({card.power_w / card.power_limit_w:.0%})", style="dim")
     text.append(" · memory ", style="dim")
     text.append(f"{views.fmt_bytes(card.mem_used_bytes)} / {views.fmt_bytes(card.mem_total_bytes)}")
-    gpm = (card.sm_active_pct, card.sm_occupancy_pct, card.tensor_active_pct, card.dram_bw_pct)
+    if last is None:
+        return text
+    gpm = (last.sm_active_pct, last.sm_occupancy_pct, last.tensor_active_pct, last.dram_bw_pct)
     if any(v is not None for v in gpm):
         for i, (label, value) in enumerate(zip(("SM active", "occupancy", "tensor", "DRAM bw"), gpm, strict=True)):
             text.append(("\n" if i == 0 else " · ") + f"{label} ", style="dim")
             text.append(views.fmt_pct(value), style="bold" if i == 0 else "")
         text.append(" (GPM)", style="dim")
-    elif card.gpm_reason:
+    elif last.gpm_reason:
         text.append("\nSM activity n/a: ", style="dim")
-        text.append(card.gpm_reason, style="dim")
+        text.append(last.gpm_reason, style="dim")
     return text
 
 

@@ -332,9 +332,8 @@ class GpuCard:
         used_by_target: a process of the watched tree holds a context on it;
         util_series: util %, one value per reading, oldest first;
         mem_series: memory used, bytes, one value per reading;
-        sm_active_pct / sm_occupancy_pct / tensor_active_pct / dram_bw_pct: the last GPM reading, %
-            (``None`` without GPM: ``gpm_reason`` says why);
-        proc_sm_pct: the training's own SM utilization, % (per-process samples);
+        last: the last reading itself, for its GPM fields (``sm_active_pct`` ... or ``gpm_reason``)
+            and the training's own SM % (``proc_sm_pct``);
         sm_series: GPM SM activity %, one value per reading that had one.
     """
 
@@ -348,12 +347,7 @@ class GpuCard:
     used_by_target: bool
     util_series: tuple[float, ...]
     mem_series: tuple[float, ...]
-    sm_active_pct: float | None = None
-    sm_occupancy_pct: float | None = None
-    tensor_active_pct: float | None = None
-    dram_bw_pct: float | None = None
-    gpm_reason: str | None = None
-    proc_sm_pct: float | None = None
+    last: GpuSample | None = None
     sm_series: tuple[float, ...] = ()
 
 
@@ -378,12 +372,7 @@ def gpu_cards(gpus: Sequence[GpuSample]) -> list[GpuCard]:
                 used_by_target=bool(last.target_pids),
                 util_series=tuple(g.util_pct for g in series if g.util_pct is not None),
                 mem_series=tuple(float(g.mem_used_bytes) for g in series if g.mem_used_bytes is not None),
-                sm_active_pct=last.sm_active_pct,
-                sm_occupancy_pct=last.sm_occupancy_pct,
-                tensor_active_pct=last.tensor_active_pct,
-                dram_bw_pct=last.dram_bw_pct,
-                gpm_reason=last.gpm_reason,
-                proc_sm_pct=last.proc_sm_pct,
+                last=last,
                 sm_series=tuple(g.sm_active_pct for g in series if g.sm_active_pct is not None),
             )
         )
