@@ -448,3 +448,23 @@ def test_gpm_status_without_nvml_names_nvml() -> None:
     st = NvmlSource(list, nvml=fake).gpm_status
     assert st.status is Status.UNAVAILABLE
     assert st.reason == f"needs NVML: {LIBRARY_NOT_FOUND}"
+
+
+def test_gpm_structures_of_other_bindings_switch_gpm_off_not_the_source() -> None:
+    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    fake = nvml_replay.ReplayNvml(rec)
+
+    class OddRequest:  # a c_nvmlGpmMetricsGet_t without the fields this code writes
+        __slots__ = ()
+
+    fake.c_nvmlGpmMetricsGet_t = OddRequest  # type: ignore[attr-defined]
+    source = NvmlSource(lambda: {4242}, nvml=fake)
+    fake.step = 0
+    source.sample(0.0)
+    fake.step = 1
+    (gpu,) = source.sample(1.0)
+    assert source.status.status is Status.OK
+    assert gpu.util_pct is not None and gpu.sm_active_pct is None
+    assert gpu.gpm_reason is not None and "not understood" in gpu.gpm_reason
+    fake.step = 2
+    assert source.sample(2.0)[0].gpm_reason == gpu.gpm_reason  # stays off on that device

@@ -10,6 +10,7 @@ import pytest
 
 from tests.unit import nvml_replay
 from tests.unit.test_tui_recorded import MAIN, NOW, WORKERS, FakeSession, HookedSession, recorded_session
+from torchwatch.hook.summary import load_trace, summarize_trace
 from torchwatch.readings import Frame, Role, SourceStatus, ThreadSample, Wait
 from torchwatch.tui import render, snapshot, views
 from torchwatch.tui.feed import LogTail
@@ -300,3 +301,13 @@ def test_log_tail_reads_complete_lines_and_bounds_each_read(tmp_path: Path) -> N
     path.write_bytes(b"new file\n")  # truncated and rewritten
     os.utime(path)
     assert tail.read_new() == ["new file"]
+
+
+def test_burst_panel_gives_the_host_wait_part_of_gpu_idle() -> None:
+    trace = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "trace_partly_idle.json.gz"
+    summary = summarize_trace(load_trace(trace))
+    last = snapshot.burst_summary({**summary, "id": 4})
+    assert last.host_wait_share == summary["gpu_idle_split_share"]["host_wait"]
+    view = snapshot.burst_view({"last_burst": {**summary, "id": 4}}, (True, "b asks for a burst"))
+    text = render.burst_text(view).plain
+    assert f"GPU idle {summary['gpu_idle_share']:.0%} (host wait {last.host_wait_share:.0%})" in text

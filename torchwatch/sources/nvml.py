@@ -22,6 +22,7 @@ report's ``sources``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import threading
 from collections import defaultdict
@@ -308,23 +309,29 @@ class NvmlSource:
         if now - gpm.prev_t < GPM_MIN_INTERVAL_S:
             return {}, f"GPM samples less than {GPM_MIN_INTERVAL_S * 1000:.0f} ms apart"
         nvml = self._nvml
-        request = nvml.c_nvmlGpmMetricsGet_t()
-        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_METRICS)
-        request.sample1, request.sample2 = prev, cur
-        for i, (_, const) in enumerate(GPM_METRICS):
-            request.metrics[i].metricId = getattr(nvml, const)
-        _, why = self._call("nvmlGpmMetricsGet", request)
-        gpm.samples.reverse()
-        gpm.prev_t = now
-        if why is not None:
-            return {}, f"GPM metrics failed: {why}"
-        out: dict[str, float | None] = {}
-        for i, (name, _) in enumerate(GPM_METRICS):
-            metric = request.metrics[i]
-            value = float(metric.value)
-            ok = metric.nvmlReturn == nvml.NVML_SUCCESS and math.isfinite(value)
-            out[name] = value if ok else None
+        try:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = prev, cur
+            for i, (_, const) in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = getattr(nvml, const)
+            _, why = self._call("nvmlGpmMetricsGet", request)
+            gpm.samples.reverse()
+            gpm.prev_t = now
+            if why is not None:
+                return {}, f"GPM metrics failed: {why}"
+            out: dict[str, float | None] = {}
+            for i, (name, _) in enumerate(GPM_METRICS):
+                metric = request.metrics[i]
+                value = float(metric.value)
+                ok = metric.nvmlReturn == nvml.NVML_SUCCESS and math.isfinite(value)
+                out[name] = value if ok else None
+        except (AttributeError, TypeError, ValueError, ctypes.ArgumentError) as exc:
+            # bindings whose GPM structures differ from the ones this was written against: GPM off
+            # on this device, the other readings go on (an exception here would stop the source)
+            gpm.reason = f"GPM request not understood by these nvidia-ml-py bindings ({type(exc).__name__}: {exc})"
+            return {}, gpm.reason
         return out, None
 
     def _proc_sm(self, index: int, h: Any, tree: set[int]) -> tuple[float | None, str | None]:
@@ -340,10 +347,13 @@ class NvmlSource:
             return None, f"per-process utilization: {why}"
         by_pid: dict[int, list[float]] = defaultdict(list)
         newest = last
-        for s in samples:
-            newest = max(newest, int(s.timeStamp))
-            if int(s.pid) in tree:
-                by_pid[int(s.pid)].append(float(s.smUtil))
+        try:
+            for s in samples:
+                newest = max(newest, int(s.timeStamp))
+                if int(s.pid) in tree:
+                    by_pid[int(s.pid)].append(float(s.smUtil))
+        except (AttributeError, TypeError, ValueError) as exc:  # samples not shaped as documented
+            return None, f"per-process utilization not understood ({type(exc).__name__}: {exc})"
         self._proc_seen[index] = newest
         if not by_pid:
             return None, PROC_NOT_TREE

@@ -315,7 +315,8 @@ def burst_text(burst: BurstView) -> Text:
     parts = [
         f"{last.steps if last.steps is not None else 'n/a'} steps",
         "n/a ms/step" if last.step_time_ms is None else f"{last.step_time_ms:.1f} ms/step",
-        f"GPU idle {views.fmt_share(last.gpu_idle_share)}",
+        f"GPU idle {views.fmt_share(last.gpu_idle_share)}"
+        + ("" if last.host_wait_share is None else f" (host wait {views.fmt_share(last.host_wait_share)})"),
         f"{last.events if last.events is not None else 'n/a'} events",
         f"RSS {views.fmt_bytes(last.rss_before_bytes)} → {views.fmt_bytes(last.rss_after_bytes)}",
     ]
