@@ -1,6 +1,6 @@
 """Check that each demo's --relieve really removes its bottleneck.
 
-For each demo in demo/ (dataloader_bound, io_bound, cpu_bound, gpu_bound) this runs
+For each demo in demo/ (dataloader_bound, io_bound, cpu_bound, gpu_bound, launch_bound) this runs
 ``python demo/X.py --seconds S --device cpu`` and the same with ``--relieve``,
 interleaved (A B A B ...) for --runs pairs, parses the final line
 ``demo X: done, STEPS steps in SECONDS s, RATE steps/s`` and prints the median
@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-DEMOS = ("dataloader_bound", "io_bound", "cpu_bound", "gpu_bound")
+DEMOS = ("dataloader_bound", "io_bound", "cpu_bound", "gpu_bound", "launch_bound")
 THRESHOLD = 1.5
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FINAL = re.compile(r"^demo (\S+): done, (\d+) steps in ([\d.]+) s, ([\d.]+) steps/s$", re.MULTILINE)

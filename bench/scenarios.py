@@ -50,6 +50,7 @@ DEMO_EXPECTED = {  # as bench/verdicts.py: gpu_bound computes on the CPU without
     "io_bound": "io-bound",
     "cpu_bound": "cpu-bound",
     "gpu_bound": "cpu-bound",
+    "launch_bound": "cpu-bound",
 }
 FEATURES = (
     "data_wait_share",

@@ -23,9 +23,17 @@ EXPECTED = {
     "io_bound": "io-bound",
     "cpu_bound": "cpu-bound",
     "gpu_bound": "cpu-bound",
-}  # gpu_bound computes on the CPU without a GPU
-# Relieving gpu_bound on a CPU-only machine leaves CPU compute: its label need not change there.
-RELIEF_CHANGES_LABEL = {"dataloader_bound": True, "io_bound": True, "cpu_bound": True, "gpu_bound": False}
+    "launch_bound": "cpu-bound",
+}  # gpu_bound computes on the CPU without a GPU; launch_bound's tiny ops are CPU work on a CPU too
+# Relieving gpu_bound or launch_bound on a CPU-only machine leaves CPU compute: their label need not
+# change there.
+RELIEF_CHANGES_LABEL = {
+    "dataloader_bound": True,
+    "io_bound": True,
+    "cpu_bound": True,
+    "gpu_bound": False,
+    "launch_bound": False,
+}
 
 
 def correct(demo: str, relieve: bool, label: str) -> bool:

@@ -18,7 +18,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -77,6 +77,22 @@ def to_device(batch: Any, device: torch.device) -> Any:
             return batch
         return batch.to(device, non_blocking=batch.is_pinned())
     return type(batch)(to_device(b, device) for b in batch)
+
+
+class DeviceBatches:
+    """Random batches of in-memory tensors, indexed where the tensors live (no DataLoader, no copy).
+
+    Iterating gives one epoch of ``len(x) // batch`` batches drawn with replacement; on CUDA the
+    indices are drawn on the device, so the host never waits for the data.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int) -> None:
+        self.x, self.y, self.batch = x, y, batch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(max(1, len(self.x) // self.batch)):
+            idx = torch.randint(len(self.x), (self.batch,), device=self.x.device)
+            yield self.x[idx], self.y[idx]
 
 
 def small_cnn() -> torch.nn.Module:

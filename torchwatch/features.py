@@ -30,7 +30,7 @@ MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state s
 class FeatureSpec:
     """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
     ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``) and source (``py-spy``, ``proc``, ``psutil``, ``psi``,
-    ``diskstats``, ``vmstat``, ``nvml``, ``hook``, ``burst``)."""
+    ``diskstats``, ``vmstat``, ``nvml``, ``gpm``, ``hook``, ``burst``)."""
 
     name: str
     unit: str
@@ -141,6 +141,21 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
     ("gpu_power_ratio", "share", "nvml", "mean power draw / enforced power limit"),
     ("gpu_mem_ratio", "share", "nvml", "peak device memory used / total"),
+    (
+        "gpu_sm_active_mean",
+        "share",
+        "gpm",
+        "mean share of SMs busy (GPM SM_UTIL, DCGM's SM activity): low while util is high = tiny kernels / gaps",
+    ),
+    ("gpu_sm_occupancy_mean", "share", "gpm", "mean resident warps / the SMs' maximum (GPM SM_OCCUPANCY)"),
+    ("gpu_tensor_active_mean", "share", "gpm", "mean SM time in tensor-core instructions (GPM ANY_TENSOR_UTIL)"),
+    ("gpu_dram_bw_mean", "share", "gpm", "mean device-memory bandwidth used / peak (GPM DRAM_BW_UTIL)"),
+    (
+        "gpu_proc_sm_pct",
+        "%",
+        "nvml",
+        "the training's own SM utilization (per-process samples, its PIDs summed): time one of its kernels ran",
+    ),
     ("hook_steps_per_s", "steps/s", "hook", "optimizer steps per second, measured in the training process"),
     ("step_time_p50_ms", "ms", "hook", "median step time (optimizer step to optimizer step)"),
     ("step_time_p95_ms", "ms", "hook", "95th percentile step time"),
@@ -171,6 +186,27 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ),
     ("burst_cpu_ops_per_step", "count", "burst", "last burst: host operators per step"),
     ("burst_short_kernel_share", "share", "burst", "last burst: kernels shorter than 10 us"),
+    ("burst_kernels_per_step", "count", "burst", "last burst: device kernels per step"),
+    (
+        "burst_host_wait_share",
+        "share",
+        "burst",
+        "last burst: step time the GPU idles waiting for the host to launch work (HTA host wait)",
+    ),
+    (
+        "burst_kernel_wait_share",
+        "share",
+        "burst",
+        "last burst: step time in short gaps between already-queued kernels (HTA kernel wait: launch overhead)",
+    ),
+    (
+        "burst_pageable_h2d_per_step",
+        "count",
+        "burst",
+        "last burst: host-to-device copies from pageable (not pinned) memory per step",
+    ),
+    ("burst_pageable_h2d_bytes_per_step", "bytes", "burst", "last burst: bytes copied from pageable memory per step"),
+    ("burst_pageable_h2d_share", "share", "burst", "last burst: step time the device spends on those pageable copies"),
 )
 
 Features = dict[str, "float | None"]
@@ -430,18 +466,32 @@ def _disk_tree_share(f: Features) -> Features:
     return {"disk_tree_share": None if tree is None or not disk else tree / disk}
 
 
+def _pct_share(values: Iterable[float | None]) -> float | None:
+    """Mean of percentages as a share 0..1 (GPM readings can stray a little outside 0..100)."""
+    mean = _mean(values)
+    return None if mean is None else max(0.0, min(1.0, mean / 100.0))
+
+
 def _gpu_features(window: Window) -> Features:
-    if not window.gpus:
-        return {"gpu_count": None, "gpu_util_mean": None, "gpu_power_ratio": None, "gpu_mem_ratio": None}
+    """GPU readings over the window, on the GPUs the training uses (all GPUs when none is known to be).
+
+    GPM means are over the samples that carried a GPM reading; a GPU without GPM leaves them ``None``,
+    never 0 (its reason is in the sample and in ``sources.gpm``).
+    """
     used = {g.index for g in window.gpus if g.target_pids}
     samples = [g for g in window.gpus if not used or g.index in used]
     ratios = [g.power_w / g.power_limit_w for g in samples if g.power_w is not None and g.power_limit_w]
     mems = [g.mem_used_bytes / g.mem_total_bytes for g in samples if g.mem_used_bytes is not None and g.mem_total_bytes]
     return {
-        "gpu_count": float(len({g.index for g in samples})),
+        "gpu_count": float(len({g.index for g in samples})) if samples else None,
         "gpu_util_mean": _mean(g.util_pct for g in samples),
         "gpu_power_ratio": _mean(ratios),
         "gpu_mem_ratio": max(mems) if mems else None,
+        "gpu_sm_active_mean": _pct_share(g.sm_active_pct for g in samples),
+        "gpu_sm_occupancy_mean": _pct_share(g.sm_occupancy_pct for g in samples),
+        "gpu_tensor_active_mean": _pct_share(g.tensor_active_pct for g in samples),
+        "gpu_dram_bw_mean": _pct_share(g.dram_bw_pct for g in samples),
+        "gpu_proc_sm_pct": _mean(g.proc_sm_pct for g in samples),
     }
 
 
@@ -521,6 +571,15 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
         out["burst_sync_per_step"] = _num((last_burst.get("sync") or {}).get("calls_per_step"))
         out["burst_cpu_ops_per_step"] = _num(last_burst.get("cpu_ops_per_step"))
         out["burst_short_kernel_share"] = _num(last_burst.get("short_kernel_share"))
+        out["burst_kernels_per_step"] = _num(last_burst.get("kernels_per_step"))
+        split = last_burst.get("gpu_idle_split_share") or {}
+        out["burst_host_wait_share"] = _num(split.get("host_wait"))
+        out["burst_kernel_wait_share"] = _num(split.get("kernel_wait"))
+        pageable = last_burst.get("pageable_h2d") or {}
+        out["burst_pageable_h2d_per_step"] = _num(pageable.get("copies_per_step"))
+        out["burst_pageable_h2d_bytes_per_step"] = _num(pageable.get("bytes_per_step"))
+        copy_ms, step_ms = _num(pageable.get("ms_per_step")), _num(last_burst.get("step_time_ms"))
+        out["burst_pageable_h2d_share"] = None if copy_ms is None or not step_ms else min(1.0, copy_ms / step_ms)
     return out
 
 

@@ -186,6 +186,20 @@ class GpuSample:
         sm_clock_mhz: current SM clock, MHz.
         pcie_tx_bytes_per_s / pcie_rx_bytes_per_s: PCIe throughput, bytes/s.
         target_pids: PIDs of the watched tree that hold a context on this GPU.
+        sm_active_pct: GPM ``SM_UTIL`` between the previous sample and this one, %: the share
+            of SMs busy, averaged over the interval (DCGM calls the same counter SM activity). This,
+            unlike ``util_pct``, is low when a stream of tiny kernels keeps the GPU "utilized".
+        sm_occupancy_pct: GPM ``SM_OCCUPANCY``, %: resident warps over the SMs' maximum.
+        tensor_active_pct: GPM ``ANY_TENSOR_UTIL``, %: SM time spent in tensor-core instructions.
+        dram_bw_pct: GPM ``DRAM_BW_UTIL``, %: device-memory bandwidth used over its peak.
+        gpm_reason: why the four GPM fields are ``None`` (``"GPM needs a Hopper or newer GPU
+            (this is NVIDIA A100-SXM4-40GB)"``, ``"the GPU is in MIG mode ..."``, the first sample
+            of two); ``None`` when they were read.
+        proc_sm_pct: SM utilization of the watched tree's processes, %, from NVML's per-process
+            samples (``nvmlDeviceGetProcessUtilization``: the share of time the process had a kernel
+            on the SMs, summed over the tree's PIDs, averaged over the samples since the last read).
+        proc_util_reason: why ``proc_sm_pct`` is ``None`` (not supported, no sample for the tree's
+            PIDs, ...); ``None`` when it was read.
     """
 
     t: float
@@ -200,6 +214,13 @@ class GpuSample:
     pcie_tx_bytes_per_s: float | None
     pcie_rx_bytes_per_s: float | None
     target_pids: tuple[int, ...] = ()
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
+    gpm_reason: str | None = None
+    proc_sm_pct: float | None = None
+    proc_util_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,21 @@ def burst_lines(burst: Mapping[str, Any] | None) -> list[str]:
         f"  last burst #{burst.get('id')}: {burst.get('steps')} steps of {_ms(burst.get('step_time_ms'))}: {parts}",
     ]
     if burst.get("gpu_idle_share") is not None:
-        lines.append(f"    GPU idle {_pct(burst.get('gpu_idle_share'))} of the step")
+        idle = f"    GPU idle {_pct(burst.get('gpu_idle_share'))} of the step"
+        split = burst.get("gpu_idle_split_share") or {}
+        if split:
+            idle += (
+                f": waiting for the host {_pct(split.get('host_wait'))}, "
+                f"between queued kernels {_pct(split.get('kernel_wait'))}, other {_pct(split.get('other'))}"
+            )
+        lines.append(idle)
+    pageable = burst.get("pageable_h2d") or {}
+    copies = pageable.get("copies_per_step")
+    if isinstance(copies, (int, float)) and copies > 0:
+        lines.append(
+            f"    pageable host-to-device copies: {copies:.3g} per step, "
+            f"{human_bytes(float(pageable.get('bytes_per_step') or 0))} per step (pin_memory=True avoids them)"
+        )
     ops = burst.get("top_cpu_ops") or []
     if ops:
         lines.append("    top CPU ops (self): " + ", ".join(f"{o['name']} {o['self_ms']:.1f} ms" for o in ops[:5]))
@@ -214,7 +228,12 @@ def status_line(analysis: Analysis | None, elapsed_s: float) -> str:
         f"disk wait {format_value('storage_wait_share', f.get('storage_wait_share'))}",
         f"workers {format_value('worker_count', f.get('worker_count'))}",
         *([f"{f['hook_steps_per_s']:.2f} steps/s"] if f.get("hook_steps_per_s") is not None else []),
-        f"GPU {format_value('gpu_util_mean', f.get('gpu_util_mean'))}",
+        f"GPU {format_value('gpu_util_mean', f.get('gpu_util_mean'))}"
+        + (
+            f" (SM {format_value('gpu_sm_active_mean', f['gpu_sm_active_mean'])})"
+            if f.get("gpu_sm_active_mean") is not None
+            else ""
+        ),
     ]
     return " | ".join(parts)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torchwatch import features as feats
 from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.readings import HookState, Role, SourceStatus, Status
+from torchwatch.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.rules_engine import Rule
 from torchwatch.sources import Source
 from torchwatch.sources.hook import HookSource
@@ -100,8 +100,10 @@ class Session:
         ]
         self.hook = HookSource(self._main_pid, expected=opts.hook_expected)
         self.sources.append(self.hook)
+        self.nvml: NvmlSource | None = None
         if opts.nvml:
-            self.sources.append(NvmlSource(self.tree.pids))
+            self.nvml = NvmlSource(self.tree.pids)
+            self.sources.append(self.nvml)
         self.diagnoser = Diagnoser(rules, self.why_missing)
 
     # -- tree helpers handed to sources -------------------------------------------------------
@@ -159,8 +161,12 @@ class Session:
         return self.proc.status.status is Status.GONE
 
     def statuses(self) -> dict[str, SourceStatus]:
-        """``{source name: status}`` for the report and the TUI."""
-        return {src.name: src.status for src in self.sources}
+        """``{source name: status}`` for the report and the TUI; ``gpm`` (GPU Performance Monitoring,
+        read by the NVML source) beside ``nvml``, so that "why is SM activity n/a" is said once."""
+        out = {src.name: src.status for src in self.sources}
+        if self.nvml is not None:
+            out["gpm"] = self.nvml.gpm_status
+        return out
 
     def own_usage(self) -> dict[str, float]:
         """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
@@ -189,6 +195,7 @@ class Session:
             "diskstats": "psutil",
             "vmstat": "psutil",
             "nvml": "nvml",
+            "gpm": "gpm",
             "hook": "hook",
             "burst": "hook",
         }
@@ -198,6 +205,14 @@ class Session:
             st = statuses.get(name)
             if st is not None and st.status is Status.UNAVAILABLE:
                 return f"{name} unavailable: {st.reason}"
+        if feature == "gpu_proc_sm_pct":
+            last = self.store.latest(GpuSample)
+            if isinstance(last, GpuSample) and last.proc_util_reason:
+                return last.proc_util_reason
+        if spec.source == "gpm":
+            last = self.store.latest(GpuSample)
+            if isinstance(last, GpuSample) and last.gpm_reason:
+                return last.gpm_reason
         if self.main_pid is None:
             return "no Python training process found in the tree yet"
         if "diskstats" in spec.source:

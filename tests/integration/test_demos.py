@@ -43,3 +43,17 @@ def test_gpu_demo_on_cpu_is_cpu_bound(tmp_path: Path) -> None:
     assert result.report is not None, result.stderr[-2000:]
     assert result.report["verdict"]["label"] == "cpu-bound", result.stdout
     assert result.report["sources"]["nvml"]["status"] in ("unavailable", "ok")
+
+
+def test_launch_bound_demo_on_cpu_is_cpu_bound(tmp_path: Path) -> None:
+    """Without a GPU, ~1000 tiny operators per step are framework overhead on the CPU: cpu-bound, and
+    the GPU rules say why they do not apply (no NVML here), never a GPU label."""
+    result = watch_demo(tmp_path, "launch_bound")
+    assert result.report is not None, result.stderr[-2000:]
+    assert result.report["verdict"]["label"] == "cpu-bound", result.stdout
+    assert "loop-cpu" in [f["rule"] for f in result.report["findings"]]
+    na = {n["rule"]: n for n in result.report["not_applicable"]}
+    assert na["gpu-launch-bound"]["missing"] in ("gpu_util_mean", "burst_kernel_share")
+    assert result.report["features"]["gpu_sm_active_mean"] is None
+    if result.report["sources"]["nvml"]["status"] == "unavailable":
+        assert result.report["sources"]["gpm"]["reason"].startswith("needs NVML: ")

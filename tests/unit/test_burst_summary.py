@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchwatch.hook.summary import CATEGORIES, PHASES, load_trace, summarize_trace
+from torchwatch.hook.summary import CATEGORIES, IDLE_PARTS, KERNEL_WAIT_US, PHASES, load_trace, summarize_trace
 
 FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True)
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "cpu_dataloader.json.gz"
@@ -57,6 +57,11 @@ def _assert_sums(s: dict[str, Any]) -> None:
     assert math.isclose(sum(s["breakdown_share"].values()), 1.0, abs_tol=1e-6)
     assert math.isclose(sum(s["phases_share"].values()), 1.0, abs_tol=1e-6)
     assert math.isclose(sum(s["breakdown_ms"].values()), s["step_time_ms"], abs_tol=1e-6)
+    if s["gpu_idle_split_share"] is not None:  # the idle split's parts add up to the GPU idle time
+        assert set(s["gpu_idle_split_share"]) == set(IDLE_PARTS)
+        assert math.isclose(sum(s["gpu_idle_split_share"].values()), s["gpu_idle_share"], abs_tol=1e-6)
+        assert math.isclose(sum(s["gpu_idle_split_ms"].values()), s["gpu_idle_ms"], abs_tol=1e-6)
+        assert all(v >= 0 for v in s["gpu_idle_split_ms"].values())
 
 
 # --- breakdown -------------------------------------------------------------------------------------------
@@ -264,6 +269,122 @@ def test_kernel_counts_follow_the_launch_and_short_kernels_are_counted() -> None
     assert s["short_kernel_share"] == round(2 / 3, 4)
     assert [k["name"] for k in s["top_kernels"]] == ["late", "tiny"]
     assert s["top_kernels"][1] == {"name": "tiny", "total_ms": 0.0135, "calls": 2}
+
+
+def launched(name: str, launch_ts: float, ts: float, dur: float, corr: int) -> list[dict[str, Any]]:
+    """A cudaLaunchKernel on the loop's thread and the kernel it launched (same correlation id)."""
+    return [
+        ev("cuda_runtime", "cudaLaunchKernel", launch_ts, 4, correlation=corr),
+        kernel(name, ts, dur, correlation=corr),
+    ]
+
+
+def test_gpu_idle_splits_into_host_wait_kernel_wait_and_other_as_hta_does() -> None:
+    s = summarize_trace(
+        trace(
+            step(1, 0, 1000),
+            *launched("a", 10, 100, 200, 1),  # [100, 300): launched before anything ran: [0, 100) host wait
+            *launched("b", 150, 305, 95, 2),  # queued during a, 5 µs gap: kernel wait
+            *launched("c", 420, 450, 100, 3),  # launched at 420, after b ended (400): [400, 450) host wait
+            *launched("d", 500, 600, 200, 4),  # queued during c, 50 µs gap: too long for launch overhead: other
+            kernel("e", 850, 50),  # no launch in the trace: [800, 850) other; [900, 1000) other (nothing next)
+        )
+    )
+    assert s["gpu_idle_ms"] == 0.355  # device busy [100, 300) [305, 400) [450, 550) [600, 800) [850, 900)
+    # host [0, 100) + [400, 450); kernel [300, 305); other [550, 600) + [800, 850) + [900, 1000)
+    assert s["gpu_idle_split_ms"] == {"host_wait": 0.15, "kernel_wait": 0.005, "other": 0.2}
+    assert s["gpu_idle_split_share"] == {"host_wait": 0.15, "kernel_wait": 0.005, "other": 0.2}
+    _assert_sums(s)
+
+
+def test_a_launch_exactly_at_the_gap_start_is_not_host_wait() -> None:
+    # HTA: host wait when the runtime call began *after* the previous kernel ended
+    s = summarize_trace(trace(step(1, 0, 100), *launched("a", 0, 10, 20, 1), *launched("b", 30, 33, 20, 2)))
+    assert s["gpu_idle_split_ms"]["kernel_wait"] == 0.003  # [30, 33): launched at 30 = a's end
+    assert s["gpu_idle_split_ms"]["host_wait"] == 0.01  # [0, 10) before a
+
+
+def test_kernel_wait_threshold() -> None:
+    gap = KERNEL_WAIT_US
+    just_under = summarize_trace(
+        trace(step(1, 0, 200), *launched("a", 0, 10, 20, 1), *launched("b", 5, 30 + gap - 1, 10, 2))
+    )
+    at = summarize_trace(trace(step(1, 0, 200), *launched("a", 0, 10, 20, 1), *launched("b", 5, 30 + gap, 10, 2)))
+    assert just_under["gpu_idle_split_ms"]["kernel_wait"] == round((gap - 1) / 1000, 4)
+    assert at["gpu_idle_split_ms"]["kernel_wait"] == 0.0
+    assert at["gpu_idle_split_ms"]["other"] > 0
+
+
+def test_overlapping_streams_leave_no_gap_and_memcpy_counts_as_device_work() -> None:
+    s = summarize_trace(
+        trace(
+            step(1, 0, 500),
+            *launched("a", 0, 10, 100, 1),  # [10, 110)
+            ev("kernel", "b", 50, 100, (0, 8), correlation=2),  # another stream: [50, 150), no gap
+            ev("cuda_runtime", "cudaMemcpyAsync", 300, 10, correlation=3),
+            ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 320, 30, GPU, correlation=3),  # launched late
+        )
+    )
+    # idle [0, 10) host, [150, 320) host (copy launched at 300 > 150), [350, 500) other
+    assert s["gpu_idle_split_ms"] == {"host_wait": 0.18, "kernel_wait": 0.0, "other": 0.15}
+    _assert_sums(s)
+
+
+def test_kernel_share_per_step() -> None:
+    s = summarize_trace(
+        trace(step(1, 0, 1000), step(2, 1000, 500), kernel("a", 0, 250), kernel("b", 1000, 500)),
+    )
+    assert s["kernel_share_per_step"] == [0.25, 1.0]
+
+
+def test_pageable_host_to_device_copies_are_counted_per_step_with_their_bytes() -> None:
+    pageable = "Memcpy HtoD (Pageable -> Device)"
+    s = summarize_trace(
+        trace(
+            step(1, 0, 1000),
+            step(2, 1000, 1000),
+            ev("cuda_runtime", "cudaMemcpyAsync", 10, 300, correlation=1),
+            ev("gpu_memcpy", pageable, 100, 200, GPU, correlation=1, bytes=3_000_000),
+            ev("gpu_memcpy", pageable, 1100, 100, GPU, bytes=1_000_000),  # no launch: counted by its start
+            ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 1300, 100, GPU, bytes=5_000_000),  # pinned: not
+            ev("gpu_memcpy", pageable, 1500, 10, GPU, bytes="odd"),  # a copy without a readable size: 0 bytes
+        )
+    )
+    assert s["pageable_h2d"] == {"copies_per_step": 1.5, "ms_per_step": 0.155, "bytes_per_step": 2_000_000.0}
+
+
+def test_cpu_only_trace_has_no_idle_split_nor_copies() -> None:
+    s = summarize_trace(trace(step(1, 0, 100), op("aten::mm", 10, 50)))
+    assert (s["gpu_idle_split_ms"], s["gpu_idle_split_share"], s["kernel_share_per_step"], s["pageable_h2d"]) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.tuples(st.integers(-20, 1100), st.integers(0, 300), st.integers(1, 300), st.booleans()),
+        min_size=1,
+        max_size=30,
+    ),
+    st.lists(st.integers(1, 400), min_size=1, max_size=3),
+)
+def test_idle_split_adds_up_to_gpu_idle(kernels: list[tuple[int, int, int, bool]], step_durs: list[int]) -> None:
+    events: list[dict[str, Any]] = []
+    t = 0
+    for i, d in enumerate(step_durs):
+        events.append(step(i + 1, t, d))
+        t += d + 3
+    for corr, (launch, delay, dur, on_other_stream) in enumerate(kernels, start=1):
+        events.append(ev("cuda_runtime", "cudaLaunchKernel", launch, 4, correlation=corr))
+        events.append(ev("kernel", "k", launch + delay, dur, (0, 8) if on_other_stream else GPU, correlation=corr))
+    s = summarize_trace(trace(*events))
+    assert s["gpu_idle_split_share"] is not None
+    _assert_sums(s)
+    assert all(0.0 <= v <= 1.0 for v in s["kernel_share_per_step"])
 
 
 # --- phases -------------------------------------------------------------------------------------------------

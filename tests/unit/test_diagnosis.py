@@ -39,14 +39,61 @@ _STORAGE: dict[str, Any] = {
 }
 
 
+# NVML util 100 % with GPM SM activity 0.2: many small kernels (Hopper with GPM).
+_LAUNCH_GPM: dict[str, Any] = {"gpu_util_mean": 100.0, "gpu_sm_active_mean": 0.2, "data_wait_share": 0.0}
+# A CUDA burst: GPU idle 45 % of the step, 40 % waiting for the host, kernels of normal length.
+_HOST_WAIT: dict[str, Any] = {
+    "burst_gpu_idle_share": 0.45,
+    "burst_host_wait_share": 0.4,
+    "burst_kernel_wait_share": 0.01,
+    "burst_kernel_share": 0.5,
+    "burst_short_kernel_share": 0.1,
+    "burst_age_s": 20.0,
+    "main_running_share": 0.9,
+}
+
+
 # Per shipped rule: values that fire it, values that keep it silent, and the input that when
 # None makes it not applicable (set on top of the firing values).
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "gpu-memory-pressure": ({"gpu_mem_ratio": 0.95}, {"gpu_mem_ratio": 0.5}, "gpu_mem_ratio"),
     "gpu-saturated": (
-        {"gpu_util_mean": 97.0, "data_wait_share": 0.05},
-        {"gpu_util_mean": 97.0, "data_wait_share": 0.5},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05, "gpu_sm_active_mean": 0.92},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.5, "gpu_sm_active_mean": 0.92},
         "gpu_util_mean",
+    ),
+    "gpu-util-unverified": (
+        # util alone, no GPM (an A100), no burst: cannot be checked
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05},
+        {"gpu_util_mean": 97.0, "data_wait_share": 0.05, "gpu_sm_active_mean": 0.92},
+        "gpu_util_mean",  # no NVML at all
+    ),
+    "gpu-launch-bound": (
+        {**_LAUNCH_GPM},
+        {**_LAUNCH_GPM, "gpu_sm_active_mean": 0.85},
+        "gpu_util_mean",
+    ),
+    "gpu-host-wait": (
+        {**_HOST_WAIT},
+        # idle, but mostly waiting on something already queued (events, another stream)
+        {**_HOST_WAIT, "burst_host_wait_share": 0.05, "burst_kernel_wait_share": 0.02},
+        "burst_gpu_idle_share",  # a CPU-only burst: no device events
+    ),
+    "pageable-h2d": (
+        {
+            "burst_pageable_h2d_bytes_per_step": 48 * 2**20,
+            "burst_pageable_h2d_per_step": 2.0,
+            "burst_age_s": 30.0,
+            "burst_pageable_h2d_share": 0.12,
+        },
+        # a few scalars copied to the device each step: normal
+        {
+            "burst_pageable_h2d_bytes_per_step": 64.0,
+            "burst_pageable_h2d_per_step": 8.0,
+            "burst_age_s": 30.0,
+            "burst_pageable_h2d_share": 0.001,
+        },
+        "burst_pageable_h2d_bytes_per_step",  # no CUDA burst yet
     ),
     "input-waits-elsewhere": (
         {"input_other_wait_share": 0.5},
@@ -203,7 +250,7 @@ def settle(values: Features, rules: list[Rule] | None = None) -> Analysis:
 
 
 def test_gpu_beats_io() -> None:
-    a = settle(features(gpu_util_mean=97.0, storage_wait_share=0.6, fetch_cpu_share=0.5))
+    a = settle(features(gpu_util_mean=97.0, gpu_sm_active_mean=0.9, storage_wait_share=0.6, fetch_cpu_share=0.5))
     assert {"gpu-saturated", "storage-wait", "loader-cpu-in-main-thread"} <= ids(a)
     assert a.verdict.label == "gpu-bound"
 
@@ -388,7 +435,7 @@ def test_fixes_quote_the_loaders_real_settings() -> None:
 
 def test_amp_fix_only_when_autocast_is_not_on() -> None:
     def titles(**extra: float) -> list[str]:
-        f = features(gpu_util_mean=97.0, data_wait_share=0.05, gpu_mem_ratio=0.5, **extra)
+        f = features(gpu_util_mean=97.0, gpu_sm_active_mean=0.9, data_wait_share=0.05, gpu_mem_ratio=0.5, **extra)
         d = Diagnoser([RULES["gpu-saturated"]])
         d.evaluate(f, 0.0)
         return [fx.title for fx in d.evaluate(f, 10.0).findings[0].fixes]
@@ -450,3 +497,77 @@ def test_recorded_latency_bound_workers_are_told_to_outnumber_the_cpus() -> None
     first = latency.fixes[0]
     assert first.title == "Run more workers than CPUs"
     assert "num_workers=2," in first.detail and "carry num_workers=3;" in first.detail
+
+
+# -- GPU: busy vs saturated ---------------------------------------------------------------------------
+
+_BURST_KERNELS: dict[str, Any] = {"burst_age_s": 30.0, "burst_gpu_idle_share": 0.03, "burst_short_kernel_share": 0.0}
+
+
+def test_nvml_util_alone_no_longer_decides_gpu_bound() -> None:
+    a = settle(features(gpu_util_mean=100.0, data_wait_share=0.0, gpu_power_ratio=0.9))
+    assert a.verdict.label == "undetermined"
+    assert ids(a) == {"gpu-util-unverified"}
+    assert {n.rule: n.missing for n in a.not_applicable}["gpu-saturated"] == "burst_kernel_share"
+    finding = a.findings[0]
+    assert finding.fixes[0].title == "Take a profiler burst"
+    assert "torchwatch burst PID" in finding.fixes[0].detail
+
+
+@pytest.mark.parametrize(
+    ("kernel_share", "age_s", "saturated"),
+    [(0.96, 30.0, True), (0.6, 30.0, False), (0.96, 900.0, False)],  # busy; not busy; too old to trust
+)
+def test_without_gpm_a_recent_bursts_kernel_share_decides(kernel_share: float, age_s: float, saturated: bool) -> None:
+    burst = {**_BURST_KERNELS, "burst_kernel_share": kernel_share, "burst_age_s": age_s}
+    f = features(gpu_util_mean=98.0, data_wait_share=0.0, **burst)
+    a = settle(f)
+    assert ("gpu-saturated" in ids(a)) is saturated
+    assert ("gpu-util-unverified" in ids(a)) is (age_s > 300)
+    assert all(n.rule != "gpu-saturated" for n in a.not_applicable)
+
+
+@pytest.mark.parametrize("sm", [0.55, 0.75])
+def test_moderately_busy_sms_claim_neither_saturation_nor_launch_overhead(sm: float) -> None:
+    a = settle(features(gpu_util_mean=99.0, gpu_sm_active_mean=sm, data_wait_share=0.0))
+    assert not ids(a) & {"gpu-saturated", "gpu-launch-bound", "gpu-util-unverified"}
+
+
+def test_launch_bound_from_a_burst_without_gpm() -> None:
+    burst = {
+        "burst_kernel_share": 0.25,
+        "burst_short_kernel_share": 0.95,
+        "burst_host_wait_share": 0.7,
+        "burst_kernel_wait_share": 0.02,
+        "burst_gpu_idle_share": 0.75,
+        "burst_kernels_per_step": 600.0,
+        "burst_sync_per_step": 0.0,
+        "burst_age_s": 10.0,
+    }
+    a = settle(features(gpu_util_mean=100.0, data_wait_share=0.0, main_running_share=0.95, **burst))
+    assert "gpu-launch-bound" in ids(a) and a.verdict.label == "cpu-bound"
+    assert "gpu-host-wait" not in ids(a)  # mostly short kernels: the launch finding says it
+    launch = next(f for f in a.findings if f.rule == "gpu-launch-bound")
+    assert launch.measure == pytest.approx(0.75)
+    assert "Sync less often" not in [fx.title for fx in launch.fixes]  # no syncs in the burst
+    # long kernels with the same idle: host work, not launch cost
+    long_kernels = settle(
+        features(gpu_util_mean=100.0, main_running_share=0.95, **{**burst, "burst_short_kernel_share": 0.1})
+    )
+    assert "gpu-launch-bound" not in ids(long_kernels)
+    assert "gpu-host-wait" in ids(long_kernels)
+
+
+def test_launch_bound_is_not_applicable_on_a_cpu_burst() -> None:
+    # a CPU-only training: NVML absent, the burst has no kernels
+    f = features(burst_kernel_share=0.0, burst_cpu_ops_per_step=300.0, burst_age_s=10.0)
+    missing = {n.rule: n.missing for n in settle(f).not_applicable}
+    assert missing["gpu-launch-bound"] == "burst_short_kernel_share"
+    assert missing["gpu-host-wait"] == "burst_gpu_idle_share"
+    assert missing["gpu-saturated"] == "gpu_util_mean"
+
+
+def test_host_wait_stays_silent_while_the_loop_waits_on_data_or_sleeps() -> None:
+    for extra in ({"data_wait_share": 0.5}, {"main_running_share": 0.1}):
+        a = settle(features(**{**_HOST_WAIT, **extra}))
+        assert "gpu-host-wait" not in ids(a), extra

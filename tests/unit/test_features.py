@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from torchwatch.features import CATALOGUE, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, compute
 from torchwatch.readings import (
     Frame,
     GpuSample,
+    HookState,
     ProcessSample,
     Role,
     StackSample,
@@ -308,7 +311,65 @@ def test_gpu_features_use_all_gpus_when_none_has_the_target() -> None:
 
 def test_no_gpu_samples_give_none() -> None:
     f = compute(window(stacks=[stack(FORWARD, 100)]), MAIN)
-    for name in ("gpu_count", "gpu_util_mean", "gpu_power_ratio", "gpu_mem_ratio"):
+    for name in ("gpu_count", "gpu_util_mean", "gpu_power_ratio", "gpu_mem_ratio", *GPM_FEATURES, "gpu_proc_sm_pct"):
+        assert f[name] is None, name
+
+
+GPM_FEATURES = ("gpu_sm_active_mean", "gpu_sm_occupancy_mean", "gpu_tensor_active_mean", "gpu_dram_bw_mean")
+
+
+def test_gpm_features_are_shares_of_the_targets_gpus_and_skip_samples_without_gpm() -> None:
+    def gpm(index: int, t: float, sm: float | None, pids: tuple[int, ...] = (MAIN,)) -> GpuSample:
+        reason = None if sm is not None else "first GPM sample: the metrics come with the next one"
+        return dataclasses.replace(
+            gpu(index, 99.0, t=t, pids=pids),
+            sm_active_pct=sm,
+            sm_occupancy_pct=None if sm is None else sm / 4,
+            tensor_active_pct=None if sm is None else sm / 2,
+            dram_bw_pct=None if sm is None else 100.4,  # GPM can stray a little above 100
+            gpm_reason=reason,
+            proc_sm_pct=97.0,
+        )
+
+    f = compute(window(gpus=[gpm(0, 1.0, None), gpm(0, 2.0, 80.0), gpm(0, 3.0, 90.0), gpm(1, 2.0, 5.0, pids=())]), MAIN)
+    assert f["gpu_sm_active_mean"] == pytest.approx(0.85)  # GPU 1 is not the training's; the first sample has none
+    assert f["gpu_sm_occupancy_mean"] == pytest.approx(0.2125)
+    assert f["gpu_tensor_active_mean"] == pytest.approx(0.425)
+    assert f["gpu_dram_bw_mean"] == 1.0  # clipped to a share
+    assert f["gpu_proc_sm_pct"] == pytest.approx(97.0)
+
+
+def test_gpu_without_gpm_gives_none_not_zero() -> None:
+    no_gpm = dataclasses.replace(gpu(0, 100.0, pids=(MAIN,)), gpm_reason="GPM needs a Hopper or newer GPU (this is X)")
+    f = compute(window(gpus=[no_gpm]), MAIN)
+    assert f["gpu_util_mean"] == 100.0
+    for name in GPM_FEATURES:
+        assert f[name] is None, name
+
+
+def test_burst_gpu_features_come_from_the_summary() -> None:
+    summary = {
+        "breakdown_share": {"kernel": 0.3, "dataloader": 0.0, "cpu_exec": 0.1},
+        "step_time_ms": 10.0,
+        "gpu_idle_share": 0.6,
+        "gpu_idle_split_share": {"host_wait": 0.5, "kernel_wait": 0.04, "other": 0.06},
+        "kernels_per_step": 420.0,
+        "short_kernel_share": 0.9,
+        "pageable_h2d": {"copies_per_step": 2.0, "ms_per_step": 1.5, "bytes_per_step": 4e6},
+        "started_at": 5.0,
+    }
+    hook = HookState(t=9.0, pid=MAIN, steps=10, batches=10, data_wait_s=0.0, in_next_since=0.0)
+    hook.info = {"burst": {"last": summary}}
+    f = compute(window(hook=[hook]), MAIN)
+    assert (f["burst_host_wait_share"], f["burst_kernel_wait_share"]) == (0.5, 0.04)
+    assert (f["burst_kernels_per_step"], f["burst_pageable_h2d_per_step"]) == (420.0, 2.0)
+    assert f["burst_pageable_h2d_bytes_per_step"] == 4e6
+    assert f["burst_pageable_h2d_share"] == pytest.approx(0.15)
+    # a CPU-only burst: no device numbers, so none of these
+    cpu_only = {**summary, "gpu_idle_share": None, "gpu_idle_split_share": None, "pageable_h2d": None}
+    hook.info = {"burst": {"last": cpu_only}}
+    f = compute(window(hook=[hook]), MAIN)
+    for name in ("burst_host_wait_share", "burst_kernel_wait_share", "burst_pageable_h2d_per_step"):
         assert f[name] is None, name
 
 

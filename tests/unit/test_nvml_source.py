@@ -9,8 +9,9 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped]
 import pytest
 
+from tests.unit import nvml_replay
 from torchwatch.readings import Status
-from torchwatch.sources.nvml import LIBRARY_NOT_FOUND, NO_GPU, NvmlSource
+from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, LIBRARY_NOT_FOUND, NO_GPU, PROC_NOT_TREE, NvmlSource
 
 
 def nvml_error(code: int) -> pynvml.NVMLError:
@@ -298,3 +299,172 @@ def test_real_pynvml_without_driver_is_unavailable() -> None:
         assert source.sample(1.0) == []
     finally:
         source.close()
+
+
+# -- GPM and per-process utilization, on recordings (tests/fixtures/gpu/, FABRICATED: see its README) --
+
+
+def _recorded_metric(rec: dict[str, Any], k: int, metric_id: int) -> float:
+    metrics = rec["samples"][k]["devices"]["0"]["nvmlGpmMetricsGet"]
+    return float(next(m["value"] for m in metrics if m["metricId"] == metric_id))
+
+
+def test_gpm_metrics_come_from_consecutive_samples_of_a_hopper_gpu() -> None:
+    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    fake = nvml_replay.ReplayNvml(rec)
+    source = NvmlSource(lambda: {4242}, nvml=fake)
+    samples = []
+    for k, s in enumerate(rec["samples"]):
+        fake.step = k
+        samples += source.sample(s["t"])
+    source.close()
+
+    first, second, last = samples[0], samples[1], samples[-1]
+    # one sample is no interval: absent with the reason, never 0
+    assert first.sm_active_pct is None and first.tensor_active_pct is None
+    assert first.gpm_reason == GPM_FIRST_SAMPLE
+    assert second.gpm_reason is None
+    assert second.sm_active_pct == _recorded_metric(rec, 1, pynvml.NVML_GPM_METRIC_SM_UTIL)
+    assert second.sm_occupancy_pct == _recorded_metric(rec, 1, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY)
+    assert second.tensor_active_pct == _recorded_metric(rec, 1, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
+    assert second.dram_bw_pct == _recorded_metric(rec, 1, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL)
+    assert last.sm_active_pct == _recorded_metric(rec, len(samples) - 1, pynvml.NVML_GPM_METRIC_SM_UTIL)
+    # each read pairs the previous sample with the new one: two buffers, swapped
+    assert fake.metrics_calls == [(k - 1, k) for k in range(1, len(samples))]
+    assert fake.freed == 2  # both buffers released at close
+    assert source.gpm_status.status is Status.OK
+
+
+def test_gpu_without_gpm_says_why_and_keeps_the_nvml_readings() -> None:
+    source, samples = nvml_replay.replay(nvml_replay.load("nvml_a100_no_gpm"))
+    for g in samples:
+        assert (g.sm_active_pct, g.sm_occupancy_pct, g.tensor_active_pct, g.dram_bw_pct) == (None,) * 4
+        assert g.gpm_reason == "GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)"
+        assert g.util_pct is not None and g.util_pct >= 90  # NVML util is still read
+    st = source.gpm_status
+    assert st.status is Status.UNAVAILABLE
+    assert st.reason == "GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)"
+    assert "torchwatch burst" in (st.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("static", "reason"),
+    [
+        ({"nvmlDeviceGetMigMode": [1, 1]}, "the GPU is in MIG mode: GPM per MIG instance is not read"),
+        (
+            {"nvmlGpmQueryDeviceSupport": {"nvml_error": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}},
+            "GPM not supported by this driver (too old for this NVML function)",
+        ),
+        (
+            {"nvmlGpmQueryDeviceSupport": {"nvml_error": pynvml.NVML_ERROR_NOT_SUPPORTED}},
+            "GPM not supported by this GPU or driver",
+        ),
+    ],
+)
+def test_gpm_unreadable_device_gives_a_reason(static: dict[str, Any], reason: str) -> None:
+    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    rec["static"]["0"].update(static)
+    source, samples = nvml_replay.replay(rec)
+    assert {g.gpm_reason for g in samples} == {reason}
+    assert all(g.sm_active_pct is None for g in samples)
+    assert source.gpm_status.reason == reason
+
+
+def test_bindings_without_gpm_say_so() -> None:
+    source = NvmlSource(lambda: [4242], nvml=FakeNvml([h100()]))  # a pynvml without any nvmlGpm* function
+    (gpu,) = source.sample(1.0)
+    assert gpu.sm_active_pct is None
+    assert gpu.gpm_reason == "GPM is not in the installed nvidia-ml-py (pip install -U nvidia-ml-py)"
+    assert gpu.util_pct == 97.0
+
+
+def test_one_unsupported_metric_blanks_only_that_metric() -> None:
+    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    for s in rec["samples"][1:]:
+        for m in s["devices"]["0"]["nvmlGpmMetricsGet"]:
+            if m["metricId"] == pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+                m["nvmlReturn"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    _, samples = nvml_replay.replay(rec)
+    assert samples[3].tensor_active_pct is None
+    assert samples[3].sm_active_pct is not None and samples[3].dram_bw_pct is not None
+    assert samples[3].gpm_reason is None
+
+
+def test_failed_gpm_sample_starts_a_new_interval() -> None:
+    rec = nvml_replay.load("nvml_h100_launch_bound")
+    rec["samples"][3]["devices"]["0"]["nvmlGpmSampleGet"] = {"nvml_error": pynvml.NVML_ERROR_UNKNOWN}
+    _, samples = nvml_replay.replay(rec)
+    assert samples[3].gpm_reason == "GPM sample failed: Unknown Error" and samples[3].sm_active_pct is None
+    assert samples[4].gpm_reason == GPM_FIRST_SAMPLE  # sample 2 is too old to pair with sample 4
+    assert samples[5].gpm_reason is None and samples[5].sm_active_pct is not None
+
+
+def test_gpm_buffers_freed_when_allocation_half_fails() -> None:
+    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    fake = nvml_replay.ReplayNvml(rec)
+    calls = {"n": 0}
+    real_alloc = fake.nvmlGpmSampleAlloc
+
+    def second_fails() -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise nvml_error(pynvml.NVML_ERROR_MEMORY)
+        return real_alloc()
+
+    fake.nvmlGpmSampleAlloc = second_fails  # type: ignore[method-assign]
+    source = NvmlSource(lambda: {4242}, nvml=fake)
+    (gpu,) = source.sample(0.0)
+    assert gpu.gpm_reason is not None and gpu.gpm_reason.startswith("GPM sample buffer: ")
+    assert fake.freed == 1  # the first buffer is not leaked
+
+
+def test_per_process_sm_is_the_trees_own() -> None:
+    rec = nvml_replay.load("nvml_h100_partly_idle")
+    _, samples = nvml_replay.replay(rec)
+    recorded = [s["smUtil"] for s in rec["samples"][5]["devices"]["0"]["nvmlDeviceGetProcessUtilization"]]
+    assert samples[5].proc_sm_pct == pytest.approx(sum(recorded) / len(recorded))
+    assert samples[5].proc_util_reason is None
+
+    # PIDs of another namespace (a container): NVML's PIDs are not the tree's
+    _, other = nvml_replay.replay(rec, tree={17})
+    assert all(g.proc_sm_pct is None for g in other)
+    assert other[5].proc_util_reason == PROC_NOT_TREE
+    assert other[5].target_pids == ()
+
+
+def test_per_process_samples_are_read_once() -> None:
+    rec = nvml_replay.load("nvml_h100_partly_idle")
+    fake = nvml_replay.ReplayNvml(rec)
+    source = NvmlSource(lambda: {4242}, nvml=fake)
+    (first,) = source.sample(0.0)
+    (again,) = source.sample(0.5)  # same recorded second: nothing newer than what was read
+    assert first.proc_sm_pct is not None
+    assert again.proc_sm_pct is None
+    assert again.proc_util_reason == "per-process utilization: no sample since the last reading"
+
+
+def test_gpm_status_without_nvml_names_nvml() -> None:
+    fake = FakeNvml([h100()], init_error=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    st = NvmlSource(list, nvml=fake).gpm_status
+    assert st.status is Status.UNAVAILABLE
+    assert st.reason == f"needs NVML: {LIBRARY_NOT_FOUND}"
+
+
+def test_gpm_structures_of_other_bindings_switch_gpm_off_not_the_source() -> None:
+    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    fake = nvml_replay.ReplayNvml(rec)
+
+    class OddRequest:  # a c_nvmlGpmMetricsGet_t without the fields this code writes
+        __slots__ = ()
+
+    fake.c_nvmlGpmMetricsGet_t = OddRequest  # type: ignore[attr-defined]
+    source = NvmlSource(lambda: {4242}, nvml=fake)
+    fake.step = 0
+    source.sample(0.0)
+    fake.step = 1
+    (gpu,) = source.sample(1.0)
+    assert source.status.status is Status.OK
+    assert gpu.util_pct is not None and gpu.sm_active_pct is None
+    assert gpu.gpm_reason is not None and "not understood" in gpu.gpm_reason
+    fake.step = 2
+    assert source.sample(2.0)[0].gpm_reason == gpu.gpm_reason  # stays off on that device

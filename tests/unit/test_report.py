@@ -15,8 +15,11 @@ from tests.unit.featuresets import consistent
 from torchwatch import report
 from torchwatch.diagnosis import Analysis, Diagnoser
 from torchwatch.features import CATALOGUE, Features
+from torchwatch.hook.summary import load_trace, summarize_trace
 from torchwatch.readings import SourceStatus, Status
 from torchwatch.rules_engine import load_rules
+
+GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
 SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -164,6 +167,20 @@ def test_status_line() -> None:
     assert "\n" not in line
     assert "io-bound" in line and "disk wait 50%" in line and "workers 2" in line
     assert "GPU n/a" in line
+    gpu_line = report.status_line(analysed(features(gpu_util_mean=100.0, gpu_sm_active_mean=0.12)), 12.0)
+    assert "GPU 100% (SM 12%)" in gpu_line
+
+
+def test_burst_lines_give_the_idle_split_and_pageable_copies() -> None:
+    summary = summarize_trace(load_trace(GPU_FIXTURES / "trace_pageable_h2d.json.gz"))
+    lines = "\n".join(report.burst_lines({**summary, "id": 2}))
+    split = summary["gpu_idle_split_share"]
+    assert (
+        f"GPU idle {summary['gpu_idle_share']:.0%} of the step: waiting for the host {split['host_wait']:.0%}" in lines
+    )
+    assert "pageable host-to-device copies: 2 per step, 48.0 MiB per step (pin_memory=True avoids them)" in lines
+    cpu = "\n".join(report.burst_lines({**summary, "gpu_idle_share": None, "pageable_h2d": None, "id": 3}))
+    assert "GPU idle" not in cpu and "pageable" not in cpu
 
 
 @pytest.mark.parametrize(

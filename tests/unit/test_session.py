@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-from torchwatch.readings import SourceStatus
+from tests.unit import nvml_replay
+from torchwatch.readings import SourceStatus, Status
 from torchwatch.rules_engine import load_rules
 from torchwatch.session import Session, SessionOptions
+from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, PROC_NOT_TREE, NvmlSource
 
 
 @pytest.fixture
@@ -39,6 +41,32 @@ def test_missing_feature_blames_its_unavailable_source(session: Session) -> None
         session.why_missing("data_wait_share") == "py-spy unavailable: py-spy may not read process 1: permission denied"
     )
     assert session.why_missing("main_disk_share").startswith("not enough samples")
+
+
+def test_gpm_is_a_source_beside_nvml_and_missing_gpu_features_give_its_reason() -> None:
+    s = Session(os.getpid(), load_rules(), SessionOptions(nvml=True))
+    s.nvml = NvmlSource(list, nvml=nvml_replay.ReplayNvml(nvml_replay.load("nvml_a100_no_gpm")))
+    s.sources = [src for src in s.sources if src.name != "nvml"] + [s.nvml]
+    s.store.add(s.nvml.sample(1.0))
+    statuses = s.statuses()
+    assert statuses["nvml"].status is Status.OK
+    assert statuses["gpm"].status is Status.UNAVAILABLE
+    reason = "GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)"
+    assert statuses["gpm"].reason == reason
+    assert s.why_missing("gpu_sm_active_mean") == f"gpm unavailable: {reason}"
+    s.nvml.close()
+
+
+def test_gpu_feature_missing_on_a_gpm_gpu_gives_the_samples_reason() -> None:
+    s = Session(os.getpid(), load_rules(), SessionOptions(nvml=False))
+    first = nvml_replay.replay(nvml_replay.load("nvml_h100_gpu_bound"), tree={17})[1][0]
+    s.store.add([first])
+    assert s.why_missing("gpu_sm_active_mean") == GPM_FIRST_SAMPLE
+    assert s.why_missing("gpu_proc_sm_pct") == PROC_NOT_TREE
+
+
+def test_without_nvml_there_is_no_gpm_source(session: Session) -> None:
+    assert "gpm" not in session.statuses()
 
 
 def test_own_usage_reports_cpu_and_memory(session: Session) -> None:

@@ -17,7 +17,7 @@ from torchwatch.readings import SourceStatus, Status
 from torchwatch.tui import views
 from torchwatch.tui.app import WatchApp
 from torchwatch.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
-from torchwatch.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel
+from torchwatch.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
 
 Check = Callable[[WatchApp, Any], Awaitable[None]]
 
@@ -219,6 +219,10 @@ def test_nvml_available_shows_a_card_per_gpu() -> None:
         first = plain(cards.first(Static).content)
         assert "GPU 0 NVIDIA A100-SXM4-40GB  (used by the training)" in first
         assert "power 171 / 400 W (43%)" in first and "memory 12.6 GB / 40.0 GB" in first
+        assert "util 51% (training 51%)" in first
+        assert "SM activity n/a: GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)" in first
+        sm_trend = app.query_one("#gpu-0").query(Trend)[1]
+        assert not sm_trend.display  # no GPM: no empty SM trend
         assert not app.query_one("#gpu-note").display
 
     run(recorded_session(gpus=True), check)

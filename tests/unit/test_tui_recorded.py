@@ -33,6 +33,7 @@ from torchwatch.store import Store
 NOW = 60.0
 MAIN, WORKERS, HELPER = 4236, (4279, 4280), 4250
 PYSPY = Path(__file__).resolve().parent.parent / "fixtures" / "pyspy" / "dataloader_nw2_subprocesses.raw"
+A100_NO_GPM = "GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)"
 NVML_MISSING = SourceStatus.unavailable(
     "NVML library not found (no NVIDIA driver)", "install the NVIDIA driver, or ignore on a CPU-only machine"
 )
@@ -112,11 +113,25 @@ def recorded_store(gpus: bool = False) -> Store:
                     1e9,
                     2e8,
                     (MAIN,),
+                    gpm_reason=A100_NO_GPM,
+                    proc_sm_pct=util,
                 )
             )
             out.append(
                 GpuSample(
-                    t, 1, "NVIDIA A100-SXM4-40GB", 0.0, 500_000_000, 40_000_000_000, 58.0, 400.0, 210.0, 0.0, 0.0, ()
+                    t,
+                    1,
+                    "NVIDIA A100-SXM4-40GB",
+                    0.0,
+                    500_000_000,
+                    40_000_000_000,
+                    58.0,
+                    400.0,
+                    210.0,
+                    0.0,
+                    0.0,
+                    (),
+                    gpm_reason=A100_NO_GPM,
                 )
             )
     for r in range(0, 41):  # thread states at 4 Hz over the last 10 s
@@ -189,6 +204,7 @@ def _sources(gpus: bool) -> dict[str, SourceStatus]:
         "threads": SourceStatus.ok(),
         "py-spy": SourceStatus.ok(),
         "nvml": SourceStatus.ok() if gpus else NVML_MISSING,
+        "gpm": SourceStatus.unavailable(A100_NO_GPM if gpus else "needs NVML: NVML library not found"),
     }
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from tests.unit import nvml_replay
 from tests.unit.test_tui_recorded import MAIN, NOW, WORKERS, FakeSession, HookedSession, recorded_session
+from torchwatch.hook.summary import load_trace, summarize_trace
 from torchwatch.readings import Frame, Role, SourceStatus, ThreadSample, Wait
 from torchwatch.tui import render, snapshot, views
 from torchwatch.tui.feed import LogTail
@@ -93,6 +95,23 @@ def test_state_shares_of_the_loop_and_the_workers() -> None:
     assert views.state_shares(threads, Role.MAIN, MAIN) == {"sync": 0.5, "running": 0.5}
     assert views.state_shares(threads, Role.WORKER) == {"disk": 1.0}
     assert views.state_shares([], Role.MAIN) == {}
+
+
+def test_gpu_card_shows_gpm_readings_or_why_there_are_none() -> None:
+    _, h100 = nvml_replay.replay(nvml_replay.load("nvml_h100_launch_bound"))
+    (card,) = views.gpu_cards(h100)
+    last = h100[-1]
+    assert card.last == last and last.gpm_reason is None
+    assert len(card.sm_series) == len(h100) - 1  # the first sample has no GPM interval
+    text = render.gpu_card_text(card).plain
+    assert f"SM active {last.sm_active_pct:.0f}% · occupancy {last.sm_occupancy_pct:.0f}%" in text
+    assert text.rstrip().endswith("(GPM)")
+    _, a100 = nvml_replay.replay(nvml_replay.load("nvml_a100_no_gpm"))
+    (card,) = views.gpu_cards(a100)
+    assert card.sm_series == ()
+    text = render.gpu_card_text(card).plain
+    assert "SM activity n/a: GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)" in text
+    assert "SM active" not in text
 
 
 def test_gpu_cards_and_memory_trend() -> None:
@@ -282,3 +301,13 @@ def test_log_tail_reads_complete_lines_and_bounds_each_read(tmp_path: Path) -> N
     path.write_bytes(b"new file\n")  # truncated and rewritten
     os.utime(path)
     assert tail.read_new() == ["new file"]
+
+
+def test_burst_panel_gives_the_host_wait_part_of_gpu_idle() -> None:
+    trace = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "trace_partly_idle.json.gz"
+    summary = summarize_trace(load_trace(trace))
+    last = snapshot.burst_summary({**summary, "id": 4})
+    assert last.host_wait_share == summary["gpu_idle_split_share"]["host_wait"]
+    view = snapshot.burst_view({"last_burst": {**summary, "id": 4}}, (True, "b asks for a burst"))
+    text = render.burst_text(view).plain
+    assert f"GPU idle {summary['gpu_idle_share']:.0%} (host wait {last.host_wait_share:.0%})" in text

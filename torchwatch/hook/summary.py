@@ -20,9 +20,16 @@ Where the rules come from:
 
 - The step-time breakdown and its category priority are those of the PyTorch Profiler TensorBoard plugin
   (pytorch/kineto ``tb_plugin/torch_tb_profiler/profiler/event_parser.py``, ``overall_parser.py`` and
-  ``trace.py``; see ``FIELD.md``).
+  ``trace.py``).
 - Short kernels and host-device sync as launch-overhead and stall signals come from Holistic Trace Analysis
-  (``hta/analyzers/breakdown_analysis.py``; see ``FIELD.md``); the 10 µs threshold is ours (HTA uses 50 µs).
+  (``hta/analyzers/breakdown_analysis.py``); the 10 µs threshold is ours (HTA uses 50 µs).
+- The split of GPU idle time into host wait and kernel wait follows HTA's idle-time breakdown
+  (``BreakdownAnalysis._analyze_idle_time_for_stream``): a gap before a kernel whose launch call began after
+  the previous kernel ended is host wait (the CPU did not enqueue work in time); a short gap before a kernel
+  that was already queued is kernel wait (the overhead of launching back-to-back kernels); the rest is other
+  (waiting on an event, another stream, ...). Unlike HTA, which splits per stream, the split here is of the
+  device's idle time (no kernel, memcpy or memset on any stream), so its parts add up to ``gpu_idle_share``;
+  and the kernel-wait threshold is :data:`KERNEL_WAIT_US`, not HTA's 30 ns default.
 - The phases (data, forward, backward, optimizer) are torchwatch's own, built with the same priority-union
   method from the annotations ``torch`` writes: ``ProfilerStep#N`` (``prof.step()``),
   ``enumerate(DataLoader)#...`` (``torch.utils.data.DataLoader``), ``Optimizer.step#...`` and
@@ -42,7 +49,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CATEGORIES", "PHASES", "load_trace", "summarize_trace"]
+__all__ = ["CATEGORIES", "IDLE_PARTS", "PHASES", "load_trace", "summarize_trace"]
 
 CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
 """Step-time categories, highest priority first (TensorBoard plugin ``ProfileRole``)."""
@@ -52,6 +59,20 @@ PHASES = ("data", "forward", "backward", "optimizer", "other")
 
 SHORT_KERNEL_US = 10.0
 """A kernel shorter than this (µs) counts as short in ``short_kernel_share`` (HTA flags < 50 µs)."""
+
+KERNEL_WAIT_US = 10.0
+"""A device idle gap shorter than this (µs) before work that was already queued is kernel wait (launch overhead).
+
+HTA's default threshold is 30 ns; a kernel queued behind another starts a few µs after it on current GPUs (the
+device-side launch latency), so gaps of that size are launch overhead too; longer ones with work queued are
+waits on something else (an event, another stream) and count as ``other``.
+"""
+
+IDLE_PARTS = ("host_wait", "kernel_wait", "other")
+"""The parts of GPU idle time in ``gpu_idle_split_ms`` / ``gpu_idle_split_share``."""
+
+PAGEABLE_H2D = "Memcpy HtoD (Pageable -> Device)"
+"""kineto's name for a host-to-device copy from pageable (not pinned) host memory."""
 
 _NS_PER_US = 1000
 _NS_PER_MS = 1_000_000
@@ -168,6 +189,10 @@ class _Parsed:
     # kernels: (start, end, name, correlation id or None); runtime start by correlation id
     kernels: list[tuple[int, int, str, object]] = field(default_factory=list)
     launch_start: dict[object, int] = field(default_factory=dict)
+    # every device event (kernel, memcpy, memset): (start, end, correlation id or None), for the idle split
+    device_events: list[tuple[int, int, object]] = field(default_factory=list)
+    # pageable host-to-device copies: (start, end, correlation id or None, bytes)
+    pageable_h2d: list[tuple[int, int, object, int]] = field(default_factory=list)
 
 
 def _key(value: object) -> object:
@@ -217,15 +242,19 @@ def _parse(events: list[Any]) -> _Parsed:
             continue
         args = ev.get("args")
         corr = _key(args.get("correlation")) if isinstance(args, dict) else None
-        if kind == _KERNEL:
+        if kind != _RUNTIME:
             p.device.append(span)
+            p.device_events.append((span[0], span[1], corr))
+        if kind == _KERNEL:
             p.kernels.append((span[0], span[1], name, corr))
             (p.communication if "nccl" in name.lower() else p.kernel).append(span)
         elif kind == _MEMCPY:
-            p.device.append(span)
             p.memcpy.append(span)
+            if name == PAGEABLE_H2D:
+                size = args.get("bytes") if isinstance(args, dict) else None
+                nbytes = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
+                p.pageable_h2d.append((span[0], span[1], corr, nbytes))
         elif kind == _MEMSET:
-            p.device.append(span)
             p.memset.append(span)
         else:  # _RUNTIME
             p.runtime.append(span)
@@ -316,6 +345,50 @@ def _exclusive_time(spans: Sequence[Interval], layers: Sequence[Iterable[Interva
         else:
             active.discard(idx - n_layers)
     return acc
+
+
+def _idle_gaps(
+    events: Sequence[tuple[int, int, object]], launch_start: dict[object, int], kernel_wait_ns: int
+) -> tuple[list[Interval], list[Interval]]:
+    """The device's idle gaps that are host wait, and those that are kernel wait (HTA's rules, see the module doc).
+
+    The device's busy time is the union of its events; each gap in it ends where the next busy interval
+    begins. Of the events that begin it, the earliest launch (the runtime call with the same correlation id)
+    decides: launched at or after the gap's start, the device waited for the host (host wait); launched before
+    it, the work was queued, and a gap shorter than ``kernel_wait_ns`` is launch overhead (kernel wait). A gap
+    whose next event has no known launch, or none at all (the trace's end), is neither (``other``). The time
+    before the first event is host wait when that event's launch is known (nothing was queued yet). As in HTA,
+    a launch exactly at the gap's start is not host wait.
+
+    Args:
+        events: (start, end, correlation id or None) of every kernel, memcpy and memset, ns.
+        launch_start: start of the runtime call by correlation id, ns.
+        kernel_wait_ns: the kernel-wait threshold, ns.
+
+    Returns:
+        (host-wait gaps, kernel-wait gaps): disjoint [start, end) intervals, ns; the first may begin at
+        ``-2**62`` (before the trace).
+    """
+    host: list[Interval] = []
+    kernel: list[Interval] = []
+    busy_end = -(2**62)
+    ordered = sorted(events, key=lambda e: e[0])
+    i = 0
+    while i < len(ordered):
+        start = ordered[i][0]
+        j = i
+        while j < len(ordered) and ordered[j][0] == start:
+            j += 1
+        group = ordered[i:j]
+        if start > busy_end:
+            launches = [launch_start[c] for _, _, c in group if c is not None and c in launch_start]
+            if launches and min(launches) > busy_end:  # HTA: ts_runtime > prev_end_ts
+                host.append((busy_end, start))
+            elif launches and start - busy_end < kernel_wait_ns:
+                kernel.append((busy_end, start))
+        busy_end = max(busy_end, max(end for _, end, _ in group))
+        i = j
+    return host, kernel
 
 
 class _InSpans:
@@ -470,6 +543,18 @@ def summarize_trace(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
         - ``gpu_idle_ms`` / ``gpu_idle_share`` (float or None): step time (mean ms per step / fraction) that
           no device activity (kernel, memcpy, memset, NCCL kernels included) covers; None when the trace has
           no device events;
+        - ``gpu_idle_split_ms`` / ``gpu_idle_split_share`` ({"host_wait", "kernel_wait", "other"} or None): that
+          idle time split by HTA's rules (mean ms per step / fraction of step time; the parts add up to
+          ``gpu_idle_ms`` / ``gpu_idle_share``): ``host_wait`` the device waited for the host to launch the next
+          work (the CPU is too slow), ``kernel_wait`` gaps shorter than :data:`KERNEL_WAIT_US` before work
+          already queued (launch overhead of many small kernels), ``other`` the rest (see :func:`_idle_gaps`);
+          None without device events;
+        - ``kernel_share_per_step`` (list of float or None): each step's ``kernel`` share of the breakdown (time
+          a compute kernel ran / step time), by step start; None without device events;
+        - ``pageable_h2d`` ({"copies_per_step", "ms_per_step", "bytes_per_step"} or None): host-to-device copies
+          from pageable memory (kineto's ``Memcpy HtoD (Pageable -> Device)``; such a copy goes through a
+          staging buffer and blocks the host, whatever ``non_blocking`` says): copies, device ms and bytes (the
+          event's ``args.bytes``) per step, counted by launch like kernels; None without device events;
         - ``top_cpu_ops`` (list of {"name", "self_ms", "calls"}): ``cpu_op`` names by total self time (ms,
           summed over all steps), at most ``top``;
         - ``top_kernels`` (list of {"name", "total_ms", "calls"}): kernel names by total duration (ms, all
@@ -507,7 +592,8 @@ def summarize_trace(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
     in_steps = _InSpans(spans)
 
     layers = (p.kernel, p.memcpy, p.memset, p.communication, p.runtime, p.dataloader, p.cpu_exec)
-    breakdown = _column_sums(_exclusive_time(spans, layers), len(CATEGORIES))
+    per_span = _exclusive_time(spans, layers)
+    breakdown = _column_sums(per_span, len(CATEGORIES))
 
     step_threads = {thread for _, _, thread in p.steps}
     forward = [(s, -ne) for thread in step_threads for s, ne, _ in p.ops.get(thread, ())]
@@ -517,10 +603,29 @@ def summarize_trace(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
 
     gpu_idle_ms: float | None = None
     gpu_idle_share: float | None = None
+    idle_split_ms: dict[str, float] | None = None
+    idle_split_share: dict[str, float] | None = None
+    kernel_share_per_step: list[float] | None = None
+    pageable: dict[str, float] | None = None
     if p.device:
-        idle_ns = sum(acc[1] for acc in _exclusive_time(spans, (p.device,)))
+        host_gaps, kernel_gaps = _idle_gaps(p.device_events, p.launch_start, round(KERNEL_WAIT_US * _NS_PER_US))
+        # device first: the gaps lie outside it by construction, and what none of the three covers is "other"
+        _, host_ns, kernel_wait_ns, other_ns = _column_sums(
+            _exclusive_time(spans, (p.device, host_gaps, kernel_gaps)), 4
+        )
+        idle_parts = [host_ns, kernel_wait_ns, other_ns]
+        idle_ns = sum(idle_parts)
         gpu_idle_ms = _ratio(idle_ns, per_step)
         gpu_idle_share = _ratio(idle_ns, total_ns)
+        idle_split_ms = dict(zip(IDLE_PARTS, _split(idle_parts, per_step), strict=True))
+        idle_split_share = dict(zip(IDLE_PARTS, _split(idle_parts, total_ns), strict=True))
+        kernel_share_per_step = [_ratio(row[0], d) for row, d in zip(per_span, step_ns, strict=True)]
+        copies = [c for c in p.pageable_h2d if in_steps(p.launch_start.get(c[2], c[0]) if c[2] is not None else c[0])]
+        pageable = {
+            "copies_per_step": _ratio(len(copies), n),
+            "ms_per_step": _ratio(sum(e - s for s, e, _, _ in copies), per_step),
+            "bytes_per_step": _ratio(sum(b for _, _, _, b in copies), n),
+        }
 
     self_ns, op_calls = _self_times(p.ops, in_steps)
     top = max(0, top)
@@ -548,6 +653,10 @@ def summarize_trace(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
         "phases_share": dict(zip(PHASES, phases, strict=True)),
         "gpu_idle_ms": gpu_idle_ms,
         "gpu_idle_share": gpu_idle_share,
+        "gpu_idle_split_ms": idle_split_ms,
+        "gpu_idle_split_share": idle_split_share,
+        "kernel_share_per_step": kernel_share_per_step,
+        "pageable_h2d": pageable,
         "top_cpu_ops": [{"name": k, "self_ms": _ratio(self_ns[k], _NS_PER_MS), "calls": op_calls[k]} for k in top_ops],
         "top_kernels": [
             {"name": k, "total_ms": _ratio(kernel_ns[k], _NS_PER_MS), "calls": kernel_calls[k]} for k in top_kernels

@@ -217,7 +217,8 @@ def frames_text(frames: Sequence[Frame]) -> Text:
 
 
 def gpu_card_text(card: views.GpuCard) -> Text:
-    """``GPU 0 NVIDIA A100 · util 35% · power 120/400 W · memory 12.0/40.0 GB``."""
+    """``GPU 0 NVIDIA H100 · util 97% (training 95%) · power 620/700 W · memory 20/80 GB``, then the GPM line:
+    ``SM active 91% · occupancy 21% · tensor 64% · DRAM bw 31% (GPM)`` or ``SM activity n/a: why``."""
     text = Text()
     text.append(f"GPU {card.index} ", style="bold")
     text.append(card.name)
@@ -225,6 +226,9 @@ def gpu_card_text(card: views.GpuCard) -> Text:
         text.append("  (used by the training)", style="green")
     text.append("\nutil ", style="dim")
     text.append(views.fmt_pct(card.util_pct), style="bold")
+    last = card.last
+    if last is not None and last.proc_sm_pct is not None:
+        text.append(f" (training {views.fmt_pct(last.proc_sm_pct)})", style="dim")
     text.append(" · power ", style="dim")
     if card.power_w is None:
         text.append("n/a")
@@ -235,6 +239,17 @@ def gpu_card_text(card: views.GpuCard) -> Text:
             text.append(f" ({card.power_w / card.power_limit_w:.0%})", style="dim")
     text.append(" · memory ", style="dim")
     text.append(f"{views.fmt_bytes(card.mem_used_bytes)} / {views.fmt_bytes(card.mem_total_bytes)}")
+    if last is None:
+        return text
+    gpm = (last.sm_active_pct, last.sm_occupancy_pct, last.tensor_active_pct, last.dram_bw_pct)
+    if any(v is not None for v in gpm):
+        for i, (label, value) in enumerate(zip(("SM active", "occupancy", "tensor", "DRAM bw"), gpm, strict=True)):
+            text.append(("\n" if i == 0 else " · ") + f"{label} ", style="dim")
+            text.append(views.fmt_pct(value), style="bold" if i == 0 else "")
+        text.append(" (GPM)", style="dim")
+    elif last.gpm_reason:
+        text.append("\nSM activity n/a: ", style="dim")
+        text.append(last.gpm_reason, style="dim")
     return text
 
 
@@ -300,7 +315,8 @@ def burst_text(burst: BurstView) -> Text:
     parts = [
         f"{last.steps if last.steps is not None else 'n/a'} steps",
         "n/a ms/step" if last.step_time_ms is None else f"{last.step_time_ms:.1f} ms/step",
-        f"GPU idle {views.fmt_share(last.gpu_idle_share)}",
+        f"GPU idle {views.fmt_share(last.gpu_idle_share)}"
+        + ("" if last.host_wait_share is None else f" (host wait {views.fmt_share(last.host_wait_share)})"),
         f"{last.events if last.events is not None else 'n/a'} events",
         f"RSS {views.fmt_bytes(last.rss_before_bytes)} → {views.fmt_bytes(last.rss_after_bytes)}",
     ]

@@ -98,7 +98,8 @@ class BurstSummary:
         step_time_ms: mean step time during the burst, ms.
         breakdown: ``(kind, share)`` of the step time: kernel, memcpy, memset, communication,
             runtime, dataloader, cpu_exec, other; phases: ``(phase, share)`` (data, forward, ...).
-        gpu_idle_share: GPU idle time over the burst, 0..1 (``None`` on a CPU-only training).
+        gpu_idle_share: GPU idle time over the burst, 0..1 (``None`` on a CPU-only training);
+            host_wait_share: the part of it waiting for the host to launch work (HTA host wait).
         top_ops: ``(name, self ms, calls)``; top_kernels: ``(name, total ms, calls)``.
         rss_before_bytes / rss_after_bytes: the training's resident memory around the burst.
     """
@@ -115,6 +116,7 @@ class BurstSummary:
     events: int | None
     rss_before_bytes: int | None
     rss_after_bytes: int | None
+    host_wait_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,7 @@ def burst_summary(last: Mapping[str, Any]) -> BurstSummary:
         events=_int(last.get("events")),
         rss_before_bytes=_int(last.get("rss_before_bytes")),
         rss_after_bytes=_int(last.get("rss_after_bytes")),
+        host_wait_share=_num((last.get("gpu_idle_split_share") or {}).get("host_wait")),
     )
 
 

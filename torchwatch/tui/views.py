@@ -331,7 +331,10 @@ class GpuCard:
         mem_used_bytes / mem_total_bytes: device memory, bytes;
         used_by_target: a process of the watched tree holds a context on it;
         util_series: util %, one value per reading, oldest first;
-        mem_series: memory used, bytes, one value per reading.
+        mem_series: memory used, bytes, one value per reading;
+        last: the last reading itself, for its GPM fields (``sm_active_pct`` ... or ``gpm_reason``)
+            and the training's own SM % (``proc_sm_pct``);
+        sm_series: GPM SM activity %, one value per reading that had one.
     """
 
     index: int
@@ -344,6 +347,8 @@ class GpuCard:
     used_by_target: bool
     util_series: tuple[float, ...]
     mem_series: tuple[float, ...]
+    last: GpuSample | None = None
+    sm_series: tuple[float, ...] = ()
 
 
 def gpu_cards(gpus: Sequence[GpuSample]) -> list[GpuCard]:
@@ -367,6 +372,8 @@ def gpu_cards(gpus: Sequence[GpuSample]) -> list[GpuCard]:
                 used_by_target=bool(last.target_pids),
                 util_series=tuple(g.util_pct for g in series if g.util_pct is not None),
                 mem_series=tuple(float(g.mem_used_bytes) for g in series if g.mem_used_bytes is not None),
+                last=last,
+                sm_series=tuple(g.sm_active_pct for g in series if g.sm_active_pct is not None),
             )
         )
     return cards

@@ -138,7 +138,7 @@ class FindingsList(OptionList):
 
 
 class GpuCardView(Vertical):
-    """One GPU: its numbers and its utilization trend."""
+    """One GPU: its numbers and its utilization, GPM SM activity (when read) and memory trends."""
 
     card: reactive[views.GpuCard | None] = reactive(None)
 
@@ -147,9 +147,10 @@ class GpuCardView(Vertical):
         self.watch_card(self.card)
 
     def compose(self) -> ComposeResult:
-        """Numbers, then the util and memory sparklines."""
+        """Numbers, then the util, SM activity and memory sparklines."""
         yield Static(classes="gpu-text")
         yield Trend("util %")
+        yield Trend("SM active %")
         yield Trend("memory")
 
     def watch_card(self, card: views.GpuCard | None) -> None:
@@ -157,8 +158,9 @@ class GpuCardView(Vertical):
         if card is None or not self.children:
             return
         show_text(self.query_one(".gpu-text", Static), render.gpu_card_text(card))
-        util, mem = self.query(Trend)
-        util.data, mem.data = card.util_series, card.mem_series
+        util, sm, mem = self.query(Trend)
+        util.data, sm.data, mem.data = card.util_series, card.sm_series, card.mem_series
+        sm.display = bool(card.sm_series)  # no GPM: the text line says why, no empty trend
 
 
 class GpuPanel(VerticalScroll):

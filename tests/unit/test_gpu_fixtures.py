@@ -1,0 +1,202 @@
+"""From readings to verdict on the GPU fixtures: NVML/GPM recordings and CUDA profiler traces.
+
+The fixtures in tests/fixtures/gpu/ are FABRICATED from the documented NVML and kineto structures (no GPU
+was lent; see the README there). The assertions are about what the readings mean (SM activity above or
+below the rules' thresholds, host wait dominating), so recorded files can replace them by name.
+
+Each test runs the real path: a recording through NvmlSource (replayed pynvml), a trace through
+summarize_trace and the hook's burst record, then features.compute, then the shipped rules. The loop's
+own features (py-spy / thread states) are given: those sources are CPU-side and tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit import nvml_replay
+from torchwatch import features
+from torchwatch.diagnosis import Analysis, Diagnoser
+from torchwatch.features import Features
+from torchwatch.hook.summary import load_trace, summarize_trace
+from torchwatch.readings import GpuSample, HookState
+from torchwatch.rules_engine import human_bytes, load_rules
+from torchwatch.store import Window
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+RULES = load_rules()
+PID = 4242
+# What py-spy and /proc would say of a CUDA loop that does not wait on data: thread mostly running.
+LOOP: dict[str, float | None] = {
+    "stack_samples": 200.0,
+    "thread_samples": 100.0,
+    "data_wait_share": 0.0,
+    "main_running_share": 0.9,
+    "loop_cpu_share": 0.3,
+    "other_code_share": 0.1,
+}
+
+
+def gpu_samples(stem: str) -> list[GpuSample]:
+    return nvml_replay.replay(nvml_replay.load(stem))[1]
+
+
+def burst(stem: str, t: float = 100.0, age_s: float = 20.0, dataloader: dict[str, Any] | None = None) -> HookState:
+    """The hook's state after a burst on the trace ``stem`` ended ``age_s`` seconds before ``t``."""
+    summary = summarize_trace(load_trace(FIXTURES / f"{stem}.json.gz"))
+    info: dict[str, Any] = {"torch": "2.13.0", "burst": {"last": {**summary, "id": 1, "started_at": t - age_s}}}
+    if dataloader is not None:
+        info["dataloaders"] = [dataloader]
+    return HookState(t=t, pid=PID, steps=500, batches=500, data_wait_s=0.0, in_next_since=0.0, info=info)
+
+
+def feats(gpus: Sequence[GpuSample] = (), hook: HookState | None = None) -> Features:
+    """features.compute over the readings (GPU ones re-timed into one window), then the loop's features."""
+    timed = [dataclasses.replace(g, t=80.0 + g.t) for g in gpus]
+    window = Window(start=70.0, end=100.0, gpus=timed, hook=[hook] if hook else [])
+    f = features.compute(window, PID)
+    f.update(LOOP)
+    return f
+
+
+def settle(f: Features) -> Analysis:
+    d = Diagnoser(RULES, why_missing=lambda name: f"why {name}")
+    d.evaluate(f, 0.0)
+    return d.evaluate(f, 10.0)
+
+
+def ids(a: Analysis) -> set[str]:
+    return {x.rule for x in a.findings}
+
+
+def na(a: Analysis) -> dict[str, str]:
+    return {n.rule: n.missing for n in a.not_applicable}
+
+
+# -- NVML + GPM recordings ----------------------------------------------------------------------------
+
+
+def test_h100_gpu_bound_recording_is_gpu_bound() -> None:
+    f = feats(gpu_samples("nvml_h100_gpu_bound"))
+    assert f["gpu_sm_active_mean"] is not None and f["gpu_sm_active_mean"] >= 0.8  # the SMs are busy
+    assert f["gpu_tensor_active_mean"] is not None and f["gpu_tensor_active_mean"] > 0.3  # bf16 matmuls
+    assert f["gpu_proc_sm_pct"] is not None and f["gpu_proc_sm_pct"] >= 90  # and it is the training's work
+    a = settle(f)
+    assert "gpu-saturated" in ids(a)
+    assert not ids(a) & {"gpu-launch-bound", "gpu-util-unverified"}
+    assert a.verdict.label == "gpu-bound"
+    saturated = next(x for x in a.findings if x.rule == "gpu-saturated")
+    assert saturated.evidence["gpu_sm_active_mean"] == f["gpu_sm_active_mean"]
+
+
+def test_h100_launch_bound_recording_is_launch_bound_not_gpu_bound() -> None:
+    f = feats(gpu_samples("nvml_h100_launch_bound"))
+    assert f["gpu_util_mean"] is not None and f["gpu_util_mean"] >= 90  # NVML says "busy"
+    assert f["gpu_sm_active_mean"] is not None and f["gpu_sm_active_mean"] < 0.5  # the SMs say otherwise
+    a = settle(f)
+    assert "gpu-launch-bound" in ids(a)
+    assert "gpu-saturated" not in ids(a)
+    assert a.verdict.label == "cpu-bound"
+    launch = next(x for x in a.findings if x.rule == "gpu-launch-bound")
+    assert any("CUDA graph" in fx.title for fx in launch.fixes)
+
+
+def test_h100_partly_idle_recording_claims_neither() -> None:
+    a = settle(feats(gpu_samples("nvml_h100_partly_idle")))
+    assert not ids(a) & {"gpu-saturated", "gpu-launch-bound", "gpu-util-unverified"}
+    assert a.verdict.label != "gpu-bound"
+
+
+def test_gpu_without_gpm_and_without_burst_is_not_called_gpu_bound() -> None:
+    a = settle(feats(gpu_samples("nvml_a100_no_gpm")))
+    assert a.features["gpu_sm_active_mean"] is None  # absent, not 0
+    assert a.features["gpu_util_mean"] is not None and a.features["gpu_util_mean"] >= 90
+    assert na(a)["gpu-saturated"] == "burst_kernel_share"  # take a burst to decide
+    assert "gpu-util-unverified" in ids(a)
+    assert a.verdict.label == "undetermined"
+    assert "cannot be checked" in a.verdict.summary
+
+
+@pytest.mark.parametrize(
+    ("trace", "rule", "label"),
+    [("trace_gpu_bound", "gpu-saturated", "gpu-bound"), ("trace_launch_bound", "gpu-launch-bound", "cpu-bound")],
+)
+def test_gpu_without_gpm_is_decided_by_a_burst(trace: str, rule: str, label: str) -> None:
+    a = settle(feats(gpu_samples("nvml_a100_no_gpm"), burst(trace)))
+    assert rule in ids(a)
+    assert "gpu-util-unverified" not in ids(a)
+    assert a.verdict.label == label
+
+
+def test_an_old_burst_does_not_decide() -> None:
+    a = settle(feats(gpu_samples("nvml_a100_no_gpm"), burst("trace_gpu_bound", age_s=900.0)))
+    assert "gpu-saturated" not in ids(a)
+    assert "gpu-util-unverified" in ids(a)
+
+
+def test_gpm_decides_over_a_burst() -> None:
+    """SMs idle per GPM beat a burst whose kernels fill the timeline (each kernel fills few SMs)."""
+    a = settle(feats(gpu_samples("nvml_h100_launch_bound"), burst("trace_gpu_bound")))
+    assert "gpu-saturated" not in ids(a)
+    assert "gpu-launch-bound" in ids(a)
+
+
+# -- CUDA traces ------------------------------------------------------------------------------------
+
+
+def test_launch_bound_trace_splits_idle_into_host_wait() -> None:
+    f = feats(hook=burst("trace_launch_bound"))
+    assert f["burst_short_kernel_share"] is not None and f["burst_short_kernel_share"] >= 0.9
+    assert f["burst_kernels_per_step"] is not None and f["burst_kernels_per_step"] >= 100
+    assert f["burst_kernel_share"] is not None and f["burst_kernel_share"] < 0.3
+    assert f["burst_host_wait_share"] is not None and f["burst_host_wait_share"] > 0.7
+    a = settle(f)
+    assert "gpu-launch-bound" in ids(a)
+    assert "gpu-host-wait" not in ids(a)  # short kernels: the launch finding, not the general one
+    assert a.verdict.label == "cpu-bound"
+
+
+def test_partly_idle_trace_is_host_wait_with_the_figures_quoted() -> None:
+    f = feats(hook=burst("trace_partly_idle"))
+    a = settle(f)
+    assert "gpu-host-wait" in ids(a)
+    assert "gpu-launch-bound" not in ids(a)
+    assert a.verdict.label == "cpu-bound"
+    host = next(x for x in a.findings if x.rule == "gpu-host-wait")
+    idle, wait = f["burst_gpu_idle_share"], f["burst_host_wait_share"]
+    assert idle is not None and wait is not None
+    assert f"idles {idle:.0%}" in host.summary and f"{wait:.0%} of the step waiting for the host" in host.summary
+
+
+def test_gpu_bound_trace_has_little_idle() -> None:
+    f = feats(hook=burst("trace_gpu_bound"))
+    assert f["burst_kernel_share"] is not None and f["burst_kernel_share"] > 0.95
+    assert f["burst_gpu_idle_share"] is not None and f["burst_gpu_idle_share"] < 0.02
+    a = settle(f)
+    assert not ids(a) & {"gpu-host-wait", "gpu-launch-bound", "pageable-h2d"}
+    # no NVML reading here: gpu-bound needs NVML util beside the burst
+    assert na(a)["gpu-saturated"] == "gpu_util_mean"
+
+
+def test_pageable_copies_name_pin_memory_with_the_loaders_settings() -> None:
+    loader = {"num_workers": 4, "batch_size": 256, "pin_memory": False, "prefetch_factor": 2}
+    a = settle(feats(hook=burst("trace_pageable_h2d", dataloader=loader)))
+    copies, nbytes = a.features["burst_pageable_h2d_per_step"], a.features["burst_pageable_h2d_bytes_per_step"]
+    assert copies is not None and copies >= 1
+    assert nbytes is not None and nbytes >= 2**20  # a batch, not a few scalars
+    finding = next(x for x in a.findings if x.rule == "pageable-h2d")
+    assert finding.severity == "info"  # a sub-cause: it never decides the label
+    assert f"{human_bytes(nbytes)} per step from pageable" in finding.summary
+    fix = finding.fixes[0]
+    assert "pin_memory=True" in fix.detail and "non_blocking=True" in fix.detail
+    assert fix.detail.startswith("num_workers=4, batch_size=256, pin_memory=False")
+
+
+def test_trace_without_pageable_copies_is_silent_on_them() -> None:
+    a = settle(feats(hook=burst("trace_partly_idle")))
+    assert a.features["burst_pageable_h2d_bytes_per_step"] == 0.0
+    assert "pageable-h2d" not in ids(a)
