@@ -330,6 +330,7 @@ def _opt(v: object, where: str, decode: Callable[[object, str], _T]) -> _T | Non
 # Step-time categories and phases of a burst summary (torchwatch.hook.summary.CATEGORIES / PHASES).
 CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
 PHASES = ("data", "forward", "backward", "optimizer", "other")
+IDLE_PARTS = ("host_wait", "kernel_wait", "other")  # torchwatch.hook.summary.IDLE_PARTS
 BURST_STATES = ("idle", "armed", "running", "summarizing")
 BURST_MODES = ("", "steps", "window")
 MAX_LOADERS = 16
@@ -473,6 +474,12 @@ class BurstResult:
     phases_share: tuple[tuple[str, float], ...] = ()
     gpu_idle_ms: float | None = None
     gpu_idle_share: float | None = None
+    gpu_idle_split_ms: tuple[tuple[str, float], ...] = ()
+    gpu_idle_split_share: tuple[tuple[str, float], ...] = ()
+    kernel_share_per_step: tuple[float, ...] = ()
+    pageable_h2d_copies_per_step: float | None = None
+    pageable_h2d_ms_per_step: float | None = None
+    pageable_h2d_bytes_per_step: float | None = None
     top_cpu_ops: tuple[OpTime, ...] = ()
     top_kernels: tuple[OpTime, ...] = ()
     cpu_ops_per_step: float | None = None
@@ -495,6 +502,7 @@ class BurstResult:
         """Raises: WireError."""
         o = _Obj(value, where)
         sync = _Obj(o.d.get("sync") or {}, f"{where}.sync")
+        pageable = _Obj(o.d.get("pageable_h2d") or {}, f"{where}.pageable_h2d")
         return cls(
             id=o.integer("id", 0, _U63),
             error=o.text("error", TEXT, optional=True),
@@ -511,6 +519,12 @@ class BurstResult:
             phases_share=o.shares("phases_share", PHASES, 0.0, 1.0),
             gpu_idle_ms=o.number("gpu_idle_ms", 0.0, _BIG, optional=True),
             gpu_idle_share=o.number("gpu_idle_share", 0.0, 1.0, optional=True),
+            gpu_idle_split_ms=o.shares("gpu_idle_split_ms", IDLE_PARTS, 0.0, _BIG),
+            gpu_idle_split_share=o.shares("gpu_idle_split_share", IDLE_PARTS, 0.0, 1.0),
+            kernel_share_per_step=o.floats("kernel_share_per_step", MAX_STEPS_LISTED, 0.0, 1.0),
+            pageable_h2d_copies_per_step=pageable.number("copies_per_step", 0.0, _BIG, optional=True),
+            pageable_h2d_ms_per_step=pageable.number("ms_per_step", 0.0, _BIG, optional=True),
+            pageable_h2d_bytes_per_step=pageable.number("bytes_per_step", 0.0, _BIG, optional=True),
             top_cpu_ops=tuple(OpTime.decode(v, w, "self_ms") for v, w in o.items("top_cpu_ops", MAX_TOP)),
             top_kernels=tuple(OpTime.decode(v, w, "total_ms") for v, w in o.items("top_kernels", MAX_TOP)),
             cpu_ops_per_step=o.number("cpu_ops_per_step", 0.0, _BIG, optional=True),
@@ -554,6 +568,16 @@ class BurstResult:
                 phases_share=dict(self.phases_share),
                 gpu_idle_ms=self.gpu_idle_ms,
                 gpu_idle_share=self.gpu_idle_share,
+                gpu_idle_split_ms=dict(self.gpu_idle_split_ms) or None,
+                gpu_idle_split_share=dict(self.gpu_idle_split_share) or None,
+                kernel_share_per_step=list(self.kernel_share_per_step) or None,
+                pageable_h2d=None
+                if self.pageable_h2d_copies_per_step is None
+                else {
+                    "copies_per_step": self.pageable_h2d_copies_per_step,
+                    "ms_per_step": self.pageable_h2d_ms_per_step,
+                    "bytes_per_step": self.pageable_h2d_bytes_per_step,
+                },
                 top_cpu_ops=[{"name": t.name, "self_ms": t.ms, "calls": t.calls} for t in self.top_cpu_ops],
                 top_kernels=[{"name": t.name, "total_ms": t.ms, "calls": t.calls} for t in self.top_kernels],
                 cpu_ops_per_step=self.cpu_ops_per_step,
