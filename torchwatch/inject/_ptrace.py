@@ -1,8 +1,13 @@
 """Helper process: load a shared library into a Python process with ptrace, at a safe moment.
 
-Run by :mod:`torchwatch.inject.injector` as ``python -I _ptrace.py PID START_TICKS LIBRARY
-WINDOW_S``; prints one JSON object on stdout. It imports nothing from torchwatch (``-I``
-and a script path: no current directory, no ``PYTHONPATH`` on its ``sys.path``).
+Started once by :class:`torchwatch.inject.injector.Injector` as ``python -I _ptrace.py`` and
+then asked over its stdin (one JSON request a line, one JSON answer a line; see
+:func:`serve`), so the interpreter's start-up (~0.1 s of CPU) is not paid while a training is
+held. It imports nothing from torchwatch (``-I`` and a script path: no current directory,
+no ``PYTHONPATH`` on its ``sys.path``). A separate process, not a thread of torchwatch,
+because the injector holds the calling interpreter's GIL while it waits for the target, and
+because the waits for the target's ptrace stops must not meet torchwatch's own ``waitpid``
+for the training it launched.
 
 The library is hypno's: a constructor that runs ``PyGILState_Ensure(); PyRun_SimpleString(code);
 PyGILState_Release()`` with the code patched into the file. pyinjector (kubo/injector) stops
@@ -22,8 +27,7 @@ Otherwise it detaches (the thread was held for well under a millisecond) and tri
 a few milliseconds later, for up to WINDOW_S seconds. Each look is one ptrace stop of the
 main thread only; other threads and DataLoader workers keep running.
 
-Exit status 0 with ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``; anything else
-is a crash of this helper.
+Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``.
 """
 
 from __future__ import annotations
@@ -230,16 +234,19 @@ def inject(pid: int, start_ticks: str, library: str, window_s: float) -> dict[st
         time.sleep(random.uniform(0.002, 0.01))
 
 
-def main(argv: list[str]) -> int:
-    """``PID START_TICKS LIBRARY WINDOW_S`` → one JSON line on stdout."""
-    pid, start, library, window = int(argv[0]), argv[1], argv[2], float(argv[3])
-    try:
-        out = inject(pid, start, library, window)
-    except Exception as exc:  # pyinjector's errors carry the kernel's reason
-        out = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    sys.stdout.write(json.dumps(out) + "\n")
+def serve() -> int:
+    """Answer requests, one JSON object a line on stdin (``pid``, ``start_ticks``, ``library``,
+    ``window_s``), with one JSON line on stdout each, until stdin closes."""
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            out = inject(int(req["pid"]), str(req["start_ticks"]), str(req["library"]), float(req["window_s"]))
+        except Exception as exc:  # pyinjector's errors carry the kernel's reason
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve())

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import secrets
+import select
 import stat
 import subprocess
 import sys
@@ -211,101 +212,187 @@ def _remote_exec(pid: int, script: Path) -> str | None:
     return None
 
 
-def _ptrace(target: Target, library: Path, timeout_s: float, window_s: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-I", str(HELPER), str(target.pid), str(target.start_ticks), str(library), str(window_s)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {
-            "ok": False,
-            "error": f"the injector did not return within {timeout_s:g} s; PID {target.pid} may be stuck in "
-            f"the injected call (check it with: py-spy dump --pid {target.pid})",
-        }
-    except OSError as exc:
-        return {"ok": False, "error": f"cannot start the injector: {exc.strerror or exc}"}
-    try:
-        out = json.loads(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "error": f"the injector failed (exit {done.returncode}): {last}"}
-    return out if isinstance(out, dict) else {"ok": False, "error": "the injector answered nonsense"}
+class _Helper:
+    """The ptrace helper process (:mod:`torchwatch.inject._ptrace`), started once and reused."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> str | None:
+        """Start it if it is not running; the reason when it cannot be started."""
+        if self.proc is not None and self.proc.poll() is None:
+            return None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(HELPER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+            )
+        except OSError as exc:
+            return f"cannot start the injector: {exc.strerror or exc}"
+        return None
+
+    def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait up to ``timeout_s`` for its answer."""
+        why = self.start()
+        if why:
+            return {"ok": False, "error": why}
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+            line = proc.stdout.readline() if ready else ""
+        except (OSError, ValueError) as exc:
+            self.close()
+            return {"ok": False, "error": f"the injector failed: {exc}"}
+        if not ready:
+            self.close()
+            return {
+                "ok": False,
+                "error": f"the injector did not return within {timeout_s:g} s; PID {request['pid']} may be stuck "
+                f"in the injected call (check it with: py-spy dump --pid {request['pid']})",
+            }
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.close()
+            return {"ok": False, "error": f"the injector stopped (exit status {proc.poll()})"}
+        return answer if isinstance(answer, dict) else {"ok": False, "error": "the injector answered nonsense"}
+
+    def close(self) -> None:
+        """Stop it (closing its stdin ends it; killed if it does not end within 1 s)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
-def inject(
-    pid: int,
-    what: Payload | None = None,
-    *,
-    timeout_s: float = 10.0,
-    window_s: float = SAFE_POINT_WINDOW_S,
-    proc: Path = facts.PROC,
-    host: Host | None = None,
-) -> Outcome:
-    """Run ``what`` inside process ``pid`` and return what it reported. Never raises for the
-    target's sake: every failure is an :class:`Outcome` with ``ok=False`` and a reason.
+class Injector:
+    """Injects into processes; holds the ptrace helper between calls. A context manager.
+
+    ``attach`` keeps one for its whole run, so the helper's start-up happens once, before any
+    training is held; :func:`inject` makes one for a single call.
 
     Args:
-        pid: the target.
-        what: the entry point; default the probe (:mod:`torchwatch.inject.probe`).
-        timeout_s: give up after this many seconds (then the payload, if it runs late, does nothing).
-        window_s: how long the ptrace path looks for a safe moment to stop the main thread.
         proc: the ``/proc`` to read facts from.
         host: torchwatch's own facts; default :func:`~torchwatch.inject.facts.read_host`.
-
-    Returns:
-        An :class:`Outcome`.
     """
-    what = what or Payload()
-    started = time.monotonic()
-    try:
-        target = facts.read_target(pid, proc)
-    except facts.NoSuchTarget:
-        return Outcome(False, f"no process with PID {pid} (check it with: pgrep -af python)")
-    host = host or facts.read_host(proc)
-    plan = checks.evaluate(host, target, missing_injector=checks.injector_missing())
-    if plan.method is None:
-        return Outcome(False, f"cannot inject into PID {pid}: {plan.reason()}", plan=plan)
-    token = secrets.token_hex(16)
-    with _workdir(target) as work:
-        params: dict[str, Any] = {
-            "out": str(work.out),
-            "token": token,
-            "deadline": time.time() + timeout_s,
-            "module": what.module,
-            "function": what.function,
-            "path": what.path or host.package_root,
-            "thread": what.thread,
-        }
-        code = payload.source(params)
-        held: float | None = None
-        tries: int | None = None
-        if plan.method == "remote_exec":
-            error = _remote_exec(pid, work.write(_SCRIPT, code.encode()))
-        else:
-            from torchwatch.inject._ptrace import library_with_code
 
-            try:
-                library = work.write(_LIBRARY, library_with_code(code.encode()))
-            except (OSError, ValueError) as exc:
-                return Outcome(False, f"cannot prepare the injection: {exc}", plan.method, plan=plan)
-            answer = _ptrace(target, library, timeout_s, window_s)
-            error = None if answer.get("ok") else str(answer.get("error") or "the injector failed")
-            held = answer.get("held_s")
-            tries = answer.get("tries")
-        if error:
-            return Outcome(False, error, plan.method, plan=plan, held_s=held, tries=tries)
-        result = _wait_result(work, token, params["deadline"])
-    wall = time.monotonic() - started
-    if result is None:
-        return Outcome(
-            False,
-            f"PID {pid} did not report back within {timeout_s:g} s (its main thread may be blocked in C code)",
-            plan.method,
-            plan=plan,
-            wall_s=wall,
-            held_s=held,
-            tries=tries,
-        )
-    if not result.get("ok"):
-        reason = f"the injected code failed in PID {pid} and was undone: {str(result.get('error'))[:300]}"
-        return Outcome(False, reason, plan.method, plan=plan, wall_s=wall, held_s=held, tries=tries, result=result)
-    return Outcome(True, "", plan.method, result.get("value"), plan, wall, held, tries, result)
+    def __init__(self, proc: Path = facts.PROC, host: Host | None = None) -> None:
+        self.proc = proc
+        self.host = host
+        self._helper = _Helper()
+
+    def __enter__(self) -> Injector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def warm_up(self) -> None:
+        """Start the ptrace helper now (otherwise at the first ptrace injection)."""
+        if checks.injector_missing() is None:
+            self._helper.start()
+
+    def close(self) -> None:
+        """Stop the helper. Idempotent."""
+        self._helper.close()
+
+    def inject(
+        self, pid: int, what: Payload | None = None, *, timeout_s: float = 10.0, window_s: float = SAFE_POINT_WINDOW_S
+    ) -> Outcome:
+        """Run ``what`` inside process ``pid`` and return what it reported. Never raises for the
+        target's sake: every failure is an :class:`Outcome` with ``ok=False`` and a reason.
+
+        Args:
+            pid: the target.
+            what: the entry point; default the probe (:mod:`torchwatch.inject.probe`).
+            timeout_s: give up after this many seconds (then the payload, if it runs late, does nothing).
+            window_s: how long the ptrace path looks for a safe moment to stop the main thread.
+
+        Returns:
+            An :class:`Outcome`.
+        """
+        return self._inject(pid, what or Payload(), timeout_s, window_s)
+
+    def _inject(self, pid: int, what: Payload, timeout_s: float, window_s: float) -> Outcome:
+        started = time.monotonic()
+        try:
+            target = facts.read_target(pid, self.proc)
+        except facts.NoSuchTarget:
+            return Outcome(False, f"no process with PID {pid} (check it with: pgrep -af python)")
+        host = self.host or facts.read_host(self.proc)
+        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing())
+        if plan.method is None:
+            return Outcome(False, f"cannot inject into PID {pid}: {plan.reason()}", plan=plan)
+        token = secrets.token_hex(16)
+        with _workdir(target) as work:
+            params: dict[str, Any] = {
+                "out": str(work.out),
+                "token": token,
+                "deadline": time.time() + timeout_s,
+                "module": what.module,
+                "function": what.function,
+                "path": what.path or host.package_root,
+                "thread": what.thread,
+            }
+            code = payload.source(params)
+            held: float | None = None
+            tries: int | None = None
+            if plan.method == "remote_exec":
+                error = _remote_exec(pid, work.write(_SCRIPT, code.encode()))
+            else:
+                from torchwatch.inject._ptrace import library_with_code
+
+                try:
+                    library = work.write(_LIBRARY, library_with_code(code.encode()))
+                except (OSError, ValueError) as exc:
+                    return Outcome(False, f"cannot prepare the injection: {exc}", plan.method, plan=plan)
+                request = {
+                    "pid": pid,
+                    "start_ticks": target.start_ticks,
+                    "library": str(library),
+                    "window_s": window_s,
+                }
+                answer = self._helper.ask(request, timeout_s)
+                error = None if answer.get("ok") else str(answer.get("error") or "the injector failed")
+                held = answer.get("held_s")
+                tries = answer.get("tries")
+            if error:
+                return Outcome(False, error, plan.method, plan=plan, held_s=held, tries=tries)
+            result = _wait_result(work, token, params["deadline"])
+        wall = time.monotonic() - started
+        if result is None:
+            return Outcome(
+                False,
+                f"PID {pid} did not report back within {timeout_s:g} s (its main thread may be blocked in C code)",
+                plan.method,
+                plan=plan,
+                wall_s=wall,
+                held_s=held,
+                tries=tries,
+            )
+        if not result.get("ok"):
+            reason = f"the injected code failed in PID {pid} and was undone: {str(result.get('error'))[:300]}"
+            return Outcome(False, reason, plan.method, plan=plan, wall_s=wall, held_s=held, tries=tries, result=result)
+        return Outcome(True, "", plan.method, result.get("value"), plan, wall, held, tries, result)
+
+
+def inject(pid: int, what: Payload | None = None, *, timeout_s: float = 10.0) -> Outcome:
+    """One injection with a fresh :class:`Injector` (see :meth:`Injector.inject`)."""
+    with Injector() as injector:
+        return injector.inject(pid, what, timeout_s=timeout_s)
