@@ -10,23 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_inject_checks import host
 from torchwatch import doctor
 from torchwatch.errors import TorchwatchError, UsageError
 from torchwatch.inject.facts import Host, PythonVersion
 from torchwatch.readings import SourceStatus
 
-HOST = Host(
-    pid=1,
-    uids=(1000, 1000, 1000),
-    gids=(1000, 1000, 1000),
-    cap_eff=0,
-    ptrace_scope=0,
-    namespaces={"pid": "pid:[1]"},
-    python=(3, 11),
-    free_threaded=False,
-    remote_debug_enabled=False,
-    package_root="/opt",
-)
+HOST = host()
 
 
 def test_proc_not_mounted_or_unreadable_fails(tmp_path: Path) -> None:
