@@ -86,7 +86,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "steps.f64"
         cmd = [sys.executable, str(REPO / "bench/_stepclock.py"), str(out), str(REPO / "demo/cpu_bound.py")]
-        train = subprocess.Popen([*cmd, "--seconds", f"{seconds:.0f}"], stderr=subprocess.DEVNULL)
+        log = open(Path(tmp) / "train.log", "wb")  # noqa: SIM115 - closed below
+        train = subprocess.Popen([*cmd, "--seconds", f"{seconds:.0f}"], stderr=log)
         injector = Injector()
         try:
             injector.warm_up()  # as attach would: the helper starts before any training is held
@@ -107,6 +108,11 @@ def main() -> int:
             injector.close()
             if train.poll() is None:
                 train.kill()
+        log.close()
+        if not out.exists():
+            tail = (Path(tmp) / "train.log").read_text(errors="replace")[-3000:]
+            print(f"the training died (status {train.returncode}); its stderr ends:\n{tail}", file=sys.stderr)
+            return 1
         stamps = list(array.array("d", out.read_bytes()))
     base_gaps = [b - a for a, b in itertools.pairwise(stamps) if base[0] <= a and b <= base[1]]
     step = statistics.median(base_gaps)

@@ -52,6 +52,26 @@ TORCH_LOOP = textwrap.dedent(
     """
 )
 
+# Checks every product against the first: a clobbered SSE/AVX register shows as a mismatch.
+NUMBERS_LOOP = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 256, generator=g), torch.randn(256, 128, generator=g)
+    want = a @ b
+    print("ready", os.getpid(), flush=True)
+    end = time.monotonic() + float(sys.argv[1])
+    n = 0
+    while time.monotonic() < end:
+        got = a @ b
+        x = torch.tanh(got).sum().item() + sum(float(i) * 0.5 for i in range(50))
+        if not torch.equal(got, want) or x != x:
+            print("mismatch at", n, flush=True)
+            sys.exit(3)
+        n += 1
+    """
+)
+
 
 def _interpreter(version: str) -> str | None:
     """A ``python3.X`` binary: pyenv's first, then PATH (CI machines without pyenv)."""
@@ -66,6 +86,7 @@ def scripts() -> Iterator[Path]:
     os.chmod(d, 0o755)
     (d / "loop.py").write_text(LOOP)
     (d / "torch_loop.py").write_text(TORCH_LOOP)
+    (d / "numbers_loop.py").write_text(NUMBERS_LOOP)
     for f in d.iterdir():
         os.chmod(f, 0o644)
     yield d
@@ -125,6 +146,16 @@ def test_injection_into_a_running_torch_loop(scripts: Path) -> None:
         assert outcome.value["torch"] is not None
         assert outcome.tries is not None and outcome.held_s is not None and outcome.held_s < 1.0
         assert target.poll() is None
+
+
+def test_repeated_injection_keeps_the_numbers_right(scripts: Path) -> None:
+    """300 injections into a loop of matmuls: without the vector registers put back, a
+    mismatch (or a crash in free()) came within ~80-150 injections on the build machine."""
+    with running([sys.executable, str(scripts / "numbers_loop.py"), "300"]) as target, Injector() as injector:
+        for n in range(300):
+            outcome = injector.inject(target.pid, Payload(thread=n % 2 == 0))
+            assert target.poll() is None, f"the training died after {n + 1} injections: status {target.returncode}"
+            assert outcome.ok, outcome.reason
 
 
 def test_a_failing_payload_leaves_the_target_running(scripts: Path) -> None:

@@ -17,10 +17,11 @@ following links, size-capped, schema- and token-checked, and the directory is re
 afterwards (only the names torchwatch expects; an ``out/`` the target filled with anything
 else is left).
 
-Known risks of the ptrace path (kubo/injector's README, hypno's source): a signal that
-reaches the target's main thread while the library loads makes the injector give up half
-way (the error names the signal; the process may then be left unusable); a thread stopped
-inside ``malloc`` would deadlock, which the safe-point search in the helper avoids.
+Known risks of the ptrace path (kubo/injector's README and source, hypno's source): a
+signal that reaches the target's main thread while the library loads makes the injector give
+up half way (the error names the signal; the process may then be left unusable); a thread
+stopped inside ``malloc`` would deadlock, which the safe-point search in the helper avoids;
+the vector registers the injected code uses are put back by the helper, not by pyinjector.
 """
 
 from __future__ import annotations
