@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from torchwatch import __version__
 from torchwatch.errors import TorchwatchError, UsageError
@@ -145,7 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="include the rules of DIR, as run and attach would",
     )
+    _add_doctor(sub)
     return parser
+
+
+def _add_doctor(sub: Any) -> None:
+    """``torchwatch doctor [PID] [--json]`` (torchwatch/doctor.py)."""
+    doctor = sub.add_parser(
+        "doctor",
+        help="check what works on this machine and, with PID, for that process",
+        description="Check ptrace, py-spy, NVML, PSI, delay accounting, CPU quota, /dev/shm and the hook "
+        "directory, and with PID whether it can be watched and injected into. Exit 0 when everything needed works.",
+    )
+    doctor.add_argument("pid", nargs="?", metavar="PID", help="a training process to check too")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
 
 def _rules_command(args: argparse.Namespace) -> int:
@@ -192,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args.command == "rules":
             return _rules_command(args)
+        if args.command == "doctor":
+            from torchwatch.doctor import doctor_command
+
+            return doctor_command(args.pid, args.json)
         if args.command == "burst":
             from torchwatch.bursts import burst_command
 

@@ -1,0 +1,399 @@
+"""Run an entry point of torchwatch's own code inside a live Python process: :func:`inject`.
+
+- Python 3.14+, when torchwatch runs on the same version: ``sys.remote_exec`` (PEP 768). The
+  target runs the script at its next safe point (between bytecodes, on the main thread); no
+  ptrace stop.
+- Python 3.10-3.13 (and 3.14+ from another version): hypno's library loaded with pyinjector
+  in a helper process (:mod:`torchwatch.inject._ptrace`), at a moment when the target's main
+  thread is stopped somewhere safe.
+
+Before anything, :func:`torchwatch.inject.checks.evaluate` must allow it; a refusal comes
+back as a one-line reason with its fix. The files the target needs are in a fresh directory
+torchwatch creates (``torchwatch-inject-*`` in the temporary directory, mode 0711, owned by
+torchwatch): the library or script (0644 when the target is another user, else 0600) and
+``out/``, the only place the target writes, made 0700 and handed to the target's user with
+``fchown`` on the descriptor torchwatch created it with. The result is read back without
+following links, size-capped, schema- and token-checked, and the directory is removed
+afterwards (only the names torchwatch expects; an ``out/`` the target filled with anything
+else is left).
+
+Known risks of the ptrace path (kubo/injector's README and source, hypno's source): a
+signal that reaches the target's main thread while the library loads makes the injector give
+up half way (the error names the signal; the process may then be left unusable); a thread
+stopped inside ``malloc`` would deadlock, which the safe-point search in the helper avoids;
+the vector registers the injected code uses are put back by the helper, not by pyinjector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import select
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchwatch.inject import checks, facts, payload
+from torchwatch.inject.checks import Method, Plan
+from torchwatch.inject.facts import Host, Target
+
+HELPER = Path(__file__).with_name("_ptrace.py")
+SAFE_POINT_WINDOW_S = 2.0
+_LIBRARY = "payload.so"
+_SCRIPT = "payload.py"
+_OUT = "out"
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What to run in the target: ``module.function()``, imported from ``path``.
+
+    Attributes:
+        module: e.g. ``"torchwatch.inject.probe"``; its package must import with the standard
+            library alone when the target lacks torchwatch's dependencies.
+        function: called with no argument; its return value (JSON-serialisable; ``str()``
+            otherwise) comes back in :attr:`Outcome.value`.
+        thread: run it in a new thread of the target (the default: the main thread is held
+            only to start it) or, ``False``, on the main thread while it is held.
+        path: the directory appended to the target's ``sys.path`` while importing; default
+            torchwatch's own install (:attr:`Host.package_root`).
+    """
+
+    module: str = "torchwatch.inject.probe"
+    function: str = "run"
+    thread: bool = True
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an injection did.
+
+    Attributes:
+        ok: the entry point ran and returned.
+        reason: one line, with the fix when there is one; ``""`` when ok.
+        method: ``remote_exec``, ``ptrace`` or ``None`` (refused before trying).
+        value: the entry point's return value.
+        plan: the checks made before trying.
+        wall_s: seconds from the call to the result, in torchwatch.
+        held_s: longest ptrace stop of the target's main thread (s), including the payload's
+            run on it when ``thread=False``; ``None`` for ``remote_exec`` or when not tried.
+        tries: ptrace stops needed to find a safe moment.
+        result: the target's ``result.json`` (``pid``, ``python``, ``module_file``,
+            ``main_thread``, ``run_s``, ...), ``{}`` when none came back.
+    """
+
+    ok: bool
+    reason: str
+    method: Method | None = None
+    value: Any = None
+    plan: Plan | None = None
+    wall_s: float = 0.0
+    held_s: float | None = None
+    tries: int | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class _Workdir:
+    """The fresh directory holding the library or script and the target's ``out/``.
+
+    Everything is made and checked through descriptors of directories this process created,
+    so a name swapped underneath by the target's user cannot redirect a write, chmod or chown.
+    """
+
+    def __init__(self, target_uid: int, target_gid: int, reachable: str) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="torchwatch-inject-", dir=reachable))
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        self.other_user = target_uid != os.geteuid()
+        if self.other_user:
+            os.fchmod(self.fd, 0o711)  # the target may reach its files by name, not list or change them
+        os.mkdir(_OUT, 0o700, dir_fd=self.fd)
+        self.out_fd = os.open(_OUT, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+        if self.other_user:
+            os.fchown(self.out_fd, target_uid, target_gid)
+        self.uid = target_uid
+
+    @property
+    def out(self) -> Path:
+        """The directory the target writes its result into."""
+        return self.path / _OUT
+
+    def write(self, name: str, data: bytes) -> Path:
+        """Create ``name`` (exclusively, 0644 for another user, else 0600) with ``data``."""
+        mode = 0o644 if self.other_user else 0o600
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=self.fd)
+        try:
+            os.fchmod(fd, mode)  # whatever the umask
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return self.path / name
+
+    def read_result(self) -> dict[str, Any] | None:
+        """``out/result.json`` if it is a regular file of the target's user, at most 64 KiB, a JSON object."""
+        try:
+            fd = os.open(payload.RESULT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.out_fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != self.uid or st.st_size > payload.MAX_RESULT_BYTES:
+                return None
+            data = os.read(fd, payload.MAX_RESULT_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        return parsed if isinstance(parsed, dict) else None
+
+    def close(self) -> None:
+        """Remove what torchwatch and the payload put there; leave anything else."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.out_fd):
+                if name == payload.RESULT_FILE or (name.startswith(".result-") and name.endswith(".tmp")):
+                    os.unlink(name, dir_fd=self.out_fd)
+        for name in (_LIBRARY, _SCRIPT):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self.fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(_OUT, dir_fd=self.fd)
+        os.close(self.out_fd)
+        os.close(self.fd)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _reachable_tmp(uid: int, gids: list[int]) -> str:
+    """A temporary directory the target's user can traverse (``$TMPDIR`` first, then /tmp, /dev/shm)."""
+    for candidate in (tempfile.gettempdir(), "/tmp", "/dev/shm"):
+        if os.path.isdir(candidate) and checks.readable_by(candidate, uid, gids) is None:
+            return candidate
+    return "/tmp"
+
+
+@contextlib.contextmanager
+def _workdir(target: Target) -> Iterator[_Workdir]:
+    uid = target.uids[1] if target.uids else os.geteuid()
+    gid = target.gids[1] if target.gids else os.getegid()
+    work = _Workdir(uid, gid, _reachable_tmp(uid, [gid, *target.groups]))
+    try:
+        yield work
+    finally:
+        work.close()
+
+
+def _wait_result(work: _Workdir, token: str, deadline: float) -> dict[str, Any] | None:
+    while True:
+        found = work.read_result()
+        if found is not None and found.get("token") == token and found.get("schema") == payload.SCHEMA:
+            return found
+        if time.time() > deadline:
+            return None
+        time.sleep(0.01)
+
+
+def _remote_exec(pid: int, script: Path) -> str | None:
+    run = getattr(sys, "remote_exec", None)
+    if run is None:
+        return "sys.remote_exec is missing from this Python"
+    try:
+        run(pid, str(script))
+    except (OSError, RuntimeError, ValueError) as exc:
+        return f"sys.remote_exec failed: {exc}"
+    return None
+
+
+class _Helper:
+    """The ptrace helper process (:mod:`torchwatch.inject._ptrace`), started once and reused."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> str | None:
+        """Start it if it is not running; the reason when it cannot be started."""
+        if self.proc is not None and self.proc.poll() is None:
+            return None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(HELPER)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+            )
+        except OSError as exc:
+            return f"cannot start the injector: {exc.strerror or exc}"
+        return None
+
+    def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait up to ``timeout_s`` for its answer."""
+        why = self.start()
+        if why:
+            return {"ok": False, "error": why}
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+            line = proc.stdout.readline() if ready else ""
+        except (OSError, ValueError) as exc:
+            self.close()
+            return {"ok": False, "error": f"the injector failed: {exc}"}
+        if not ready:
+            self.close()
+            return {
+                "ok": False,
+                "error": f"the injector did not return within {timeout_s:g} s; PID {request['pid']} may be stuck "
+                f"in the injected call (check it with: py-spy dump --pid {request['pid']})",
+            }
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.close()
+            return {"ok": False, "error": f"the injector stopped (exit status {proc.poll()})"}
+        return answer if isinstance(answer, dict) else {"ok": False, "error": "the injector answered nonsense"}
+
+    def close(self) -> None:
+        """Stop it (closing its stdin ends it; killed if it does not end within 1 s)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+class Injector:
+    """Injects into processes; holds the ptrace helper between calls. A context manager.
+
+    ``attach`` keeps one for its whole run, so the helper's start-up happens once, before any
+    training is held; :func:`inject` makes one for a single call.
+
+    Args:
+        proc: the ``/proc`` to read facts from.
+        host: torchwatch's own facts; default :func:`~torchwatch.inject.facts.read_host`.
+    """
+
+    def __init__(self, proc: Path = facts.PROC, host: Host | None = None) -> None:
+        self.proc = proc
+        self.host = host
+        self._helper = _Helper()
+
+    def __enter__(self) -> Injector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def warm_up(self) -> None:
+        """Start the ptrace helper now (otherwise at the first ptrace injection)."""
+        if checks.injector_missing() is None:
+            self._helper.start()
+
+    def close(self) -> None:
+        """Stop the helper. Idempotent."""
+        self._helper.close()
+
+    def inject(
+        self, pid: int, what: Payload | None = None, *, timeout_s: float = 10.0, window_s: float = SAFE_POINT_WINDOW_S
+    ) -> Outcome:
+        """Run ``what`` inside process ``pid`` and return what it reported. Never raises for the
+        target's sake: every failure is an :class:`Outcome` with ``ok=False`` and a reason.
+
+        Args:
+            pid: the target.
+            what: the entry point; default the probe (:mod:`torchwatch.inject.probe`).
+            timeout_s: give up after this many seconds (then the payload, if it runs late, does nothing).
+            window_s: how long the ptrace path looks for a safe moment to stop the main thread.
+
+        Returns:
+            An :class:`Outcome`.
+        """
+        return self._inject(pid, what or Payload(), timeout_s, window_s)
+
+    def _inject(self, pid: int, what: Payload, timeout_s: float, window_s: float) -> Outcome:
+        started = time.monotonic()
+        try:
+            target = facts.read_target(pid, self.proc)
+        except facts.NoSuchTarget:
+            return Outcome(False, f"no process with PID {pid} (check it with: pgrep -af python)")
+        host = self.host or facts.read_host(self.proc)
+        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing())
+        if plan.method is None:
+            return Outcome(False, f"cannot inject into PID {pid}: {plan.reason()}", plan=plan)
+        token = secrets.token_hex(16)
+        with _workdir(target) as work:
+            params: dict[str, Any] = {
+                "out": str(work.out),
+                "token": token,
+                "deadline": time.time() + timeout_s,
+                "module": what.module,
+                "function": what.function,
+                "path": what.path or host.package_root,
+                "thread": what.thread,
+            }
+            code = payload.source(params)
+            held: float | None = None
+            tries: int | None = None
+            if plan.method == "remote_exec":
+                error = _remote_exec(pid, work.write(_SCRIPT, code.encode()))
+            else:
+                from torchwatch.inject._ptrace import library_with_code
+
+                try:
+                    library = work.write(_LIBRARY, library_with_code(code.encode()))
+                except (OSError, ValueError) as exc:
+                    return Outcome(False, f"cannot prepare the injection: {exc}", plan.method, plan=plan)
+                request = {
+                    "pid": pid,
+                    "start_ticks": target.start_ticks,
+                    "library": str(library),
+                    "window_s": window_s,
+                }
+                answer = self._helper.ask(request, timeout_s)
+                error = None if answer.get("ok") else str(answer.get("error") or "the injector failed")
+                held = answer.get("held_s")
+                tries = answer.get("tries")
+            if error:
+                return Outcome(False, error, plan.method, plan=plan, held_s=held, tries=tries)
+            result = _wait_result(work, token, params["deadline"])
+        wall = time.monotonic() - started
+        if result is None:
+            return Outcome(
+                False,
+                f"PID {pid} did not report back within {timeout_s:g} s (its main thread may be blocked in C code)",
+                plan.method,
+                plan=plan,
+                wall_s=wall,
+                held_s=held,
+                tries=tries,
+            )
+        if not result.get("ok"):
+            reason = f"the injected code failed in PID {pid} and was undone: {str(result.get('error'))[:300]}"
+            return Outcome(False, reason, plan.method, plan=plan, wall_s=wall, held_s=held, tries=tries, result=result)
+        return Outcome(True, "", plan.method, result.get("value"), plan, wall, held, tries, result)
+
+
+def inject(pid: int, what: Payload | None = None, *, timeout_s: float = 10.0) -> Outcome:
+    """One injection with a fresh :class:`Injector` (see :meth:`Injector.inject`)."""
+    with Injector() as injector:
+        return injector.inject(pid, what, timeout_s=timeout_s)
