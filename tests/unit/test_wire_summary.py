@@ -12,7 +12,7 @@ import pytest
 from torchwatch.hook import summary, wire
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-TRACES = sorted((FIXTURES / "gpu").glob("trace_*.json.gz")) + [FIXTURES / "traces" / "cpu_dataloader.json.gz"]
+TRACES = [*sorted((FIXTURES / "gpu").glob("trace_*.json.gz")), FIXTURES / "traces" / "cpu_dataloader.json.gz"]
 
 
 def _same(a: Any, b: Any) -> bool:
