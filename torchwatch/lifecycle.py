@@ -113,8 +113,8 @@ class Launched:
         """The next status line from the guard; ``None`` at end of file or after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._status], [], [], left)[0]:
+            left = max(0.0, deadline - time.monotonic())  # 0: look once without waiting
+            if not select.select([self._status], [], [], left)[0]:
                 return None
             try:
                 data = os.read(self._status, 4096)

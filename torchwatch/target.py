@@ -19,7 +19,7 @@ from typing import IO
 import psutil
 
 from torchwatch.errors import TorchwatchError, UsageError
-from torchwatch.sources.proc import ProcessTree
+from torchwatch.sources.proc import ProcessTree, ancestors
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -49,7 +49,8 @@ def check_attachable(pid: int) -> ProcessTree:
 
     Raises:
         TorchwatchError: no such process, exited, owned by another user (without root),
-            or neither it nor a descendant is a Python process.
+            or neither it nor a descendant is a Python process (torchwatch's own branch, when
+            ``pid`` is its ancestor, does not count).
     """
     if pid <= 0:
         raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -f train.py")
@@ -88,6 +89,13 @@ def check_attachable(pid: int) -> ProcessTree:
         raise TorchwatchError(
             f"permission denied reading {_describe(proc)}", "run torchwatch as the process's user, or with sudo"
         ) from None
+    if not tree.mains() and pid in ancestors():
+        # The shell (or PID 1) torchwatch runs under: torchwatch's own branch is left out of the
+        # tree, and nothing else there is Python.
+        raise TorchwatchError(
+            f"{_describe(proc)} is an ancestor of torchwatch and, torchwatch aside, runs no Python process",
+            "give the PID of the training's Python process: pgrep -af python",
+        )
     if not tree.mains():
         raise TorchwatchError(
             f"{_describe(proc)} is not a Python process and has no Python child",
