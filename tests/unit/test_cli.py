@@ -18,12 +18,13 @@ import pytest
 
 import torchwatch
 from torchwatch import report
-from torchwatch.bursts import PLAIN_EVERY_S, progress, wait_for_burst
-from torchwatch.cli import ENVIRONMENT, EXIT_STATUS, build_parser, configure_logging, main
-from torchwatch.lifecycle import StopSignals
+from torchwatch.bursts import wait_for_burst
+from torchwatch.cli import build_parser, main
 from torchwatch.rules_engine import load_rules
-from torchwatch.session import WINDOW_MAX_S, WINDOW_MIN_S, Session, SessionOptions
-from torchwatch.watch import json_target
+from torchwatch.session import Session, SessionOptions
+
+# Names this change added are imported inside the tests that use them, so that on an older
+# torchwatch each of those tests fails on its own instead of the whole module failing to import.
 
 PACKAGE = Path(torchwatch.__file__).parent
 README = PACKAGE.parent / "README.md"
@@ -45,14 +46,19 @@ def test_window_out_of_bounds_is_refused_and_named(value: str, capsys: pytest.Ca
     assert "--window" in line and "--duration" not in line
 
 
-@pytest.mark.parametrize("value", [str(WINDOW_MIN_S), "10", str(WINDOW_MAX_S)])
+@pytest.mark.parametrize("value", ["3", "10", "300"])
 def test_window_within_bounds_is_taken_as_given(value: str) -> None:
+    from torchwatch.session import WINDOW_MAX_S, WINDOW_MIN_S
+
+    assert (WINDOW_MIN_S, WINDOW_MAX_S) == (3.0, 300.0)
     args = build_parser().parse_args(["run", "--window", value, "--", "python"])
     assert args.window == float(value)  # never capped
 
 
 # -- --json DIR, --trace, atomic JSON -------------------------------------------------------------------
 def test_json_into_a_directory_gets_a_file_named_after_the_pid(tmp_path: Path) -> None:
+    from torchwatch.watch import json_target
+
     target = json_target(str(tmp_path), 4242)
     assert target.parent == tmp_path
     assert re.fullmatch(r"torchwatch-report-4242-\d{8}-\d{6}\.json", target.name)
@@ -75,6 +81,7 @@ def test_unwritable_trace_fails_up_front(where: str, tmp_path: Path, capsys: pyt
 
 
 def test_json_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hasattr(report, "write_atomic"), "no atomic writer"
     path = tmp_path / "r.json"
     path.write_text('{"old": true}\n')
 
@@ -92,6 +99,7 @@ def test_json_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest
 
 
 def test_json_replaces_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
+    assert hasattr(report, "write_atomic"), "no atomic writer"
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     link = tmp_path / "r.json"
@@ -121,6 +129,8 @@ def test_rules_list_into_a_closed_pipe_ends_quietly() -> None:
 
 
 def test_exit_statuses_are_in_the_help_and_the_readme(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchwatch.cli import EXIT_STATUS
+
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     out = capsys.readouterr().out
@@ -142,6 +152,8 @@ def _variables_read_by_the_code() -> set[str]:
 
 
 def test_every_torchwatch_variable_the_code_reads_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchwatch.cli import ENVIRONMENT
+
     in_code = _variables_read_by_the_code()
     assert "TORCHWATCH_SIGNAL" in in_code  # the scan itself works
     assert in_code <= set(ENVIRONMENT), f"not in cli.ENVIRONMENT: {sorted(in_code - set(ENVIRONMENT))}"
@@ -158,6 +170,8 @@ def test_every_torchwatch_variable_the_code_reads_is_listed(capsys: pytest.Captu
 # -- logging -----------------------------------------------------------------------------------------
 @pytest.fixture
 def log_file(tmp_path: Path) -> Any:
+    from torchwatch.cli import configure_logging
+
     path = tmp_path / "torchwatch.log"
     configure_logging(verbose=True, log_file=path)
     yield path
@@ -241,6 +255,8 @@ class Stream:
 
 
 def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> None:
+    from torchwatch.bursts import PLAIN_EVERY_S, progress
+
     stream = Stream(tty=False)
     with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
         for waited in (1.0, 5.0, PLAIN_EVERY_S + 0.5, PLAIN_EVERY_S + 2.0, 2 * PLAIN_EVERY_S + 1):
@@ -254,6 +270,8 @@ def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> Non
 
 
 def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
+    from torchwatch.bursts import progress
+
     stream = Stream(tty=True)
     with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
         on_wait(3.0)
@@ -265,6 +283,8 @@ def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
 # -- stop signals, version -----------------------------------------------------------------------------
 def test_stop_signals_are_recorded_then_restored() -> None:
     import signal
+
+    from torchwatch.lifecycle import StopSignals
 
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals() as stops:
