@@ -7,7 +7,6 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from torchwatch import report
@@ -116,6 +115,7 @@ def burst_command(pid_text: str, steps: int, wait_s: float, json_path: str | Non
         raise UsageError(f"PID must be a number, not {pid_text!r}", "find it with: pgrep -af python") from None
     if not 1 <= steps <= 20:
         raise UsageError(f"--steps must be 1 to 20, not {steps}", "a burst records a few steps")
+    report.check_json_path(json_path)
     check_attachable(pid)
     reader = HookReader(pid)
     info = reader.info()
@@ -135,7 +135,7 @@ def burst_command(pid_text: str, steps: int, wait_s: float, json_path: str | Non
         print(text)
         if json_path:
             try:
-                report.write_atomic(Path(json_path).expanduser(), json.dumps(summary, indent=2) + "\n")
+                report.write_atomic(report.json_target(json_path, pid, "burst"), json.dumps(summary, indent=2) + "\n")
             except OSError as exc:
                 raise TorchwatchError(
                     f"cannot write {json_path}: {exc.strerror or exc}", "give --json a writable path"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch.diagnosis import Analysis
+from torchwatch.errors import TorchwatchError
 from torchwatch.features import CATALOGUE
 from torchwatch.readings import SourceStatus
 from torchwatch.rules_engine import human_bytes
@@ -241,9 +242,35 @@ def dumps(report: Mapping[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False)
 
 
-def default_name(pid: int) -> str:
-    """The file name of a report written into a directory: ``torchwatch-report-PID-YYYYmmdd-HHMMSS.json``."""
-    return f"torchwatch-report-{pid}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+def default_name(pid: int, kind: str = "report") -> str:
+    """The file name of a report written into a directory: ``torchwatch-KIND-PID-YYYYmmdd-HHMMSS.json``."""
+    return f"torchwatch-{kind}-{pid}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def check_json_path(path: str | None) -> None:
+    """Check, before watching, that ``--json PATH`` can be written: a file in a writable directory,
+    or a writable directory (the report is then written into it under :func:`default_name`).
+
+    Raises:
+        TorchwatchError: the directory does not exist or is not writable.
+    """
+    if path in (None, "-"):
+        return
+    target = Path(path).expanduser()
+    folder = target if target.is_dir() else target.parent
+    if path.endswith(os.sep) and not target.is_dir():
+        folder = target
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise TorchwatchError(
+            f"cannot write the JSON report to {path}: {folder} is not a writable directory",
+            "give --json a path in an existing, writable directory",
+        )
+
+
+def json_target(path: str, pid: int, kind: str = "report") -> Path:
+    """Where ``--json PATH`` writes: PATH, or ``PATH/torchwatch-KIND-PID-TIME.json`` for a directory."""
+    target = Path(path).expanduser()
+    return target / default_name(pid, kind) if target.is_dir() else target
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -112,32 +112,6 @@ def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
     return env
 
 
-def check_json_path(path: str | None) -> None:
-    """Check, before watching, that ``--json PATH`` can be written: a file in a writable directory,
-    or a writable directory (the report is then written into it under :func:`report.default_name`).
-
-    Raises:
-        TorchwatchError: the directory does not exist or is not writable.
-    """
-    if path in (None, "-"):
-        return
-    target = Path(path).expanduser()
-    folder = target if target.is_dir() else target.parent
-    if path.endswith(os.sep) and not target.is_dir():
-        folder = target
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise TorchwatchError(
-            f"cannot write the JSON report to {path}: {folder} is not a writable directory",
-            "give --json a path in an existing, writable directory",
-        )
-
-
-def json_target(path: str, pid: int) -> Path:
-    """Where ``--json PATH`` writes: PATH, or ``PATH/torchwatch-report-PID-TIME.json`` for a directory."""
-    target = Path(path).expanduser()
-    return target / report.default_name(pid) if target.is_dir() else target
-
-
 def check_trace_path(path: Path | None) -> None:
     """Check, before watching, that ``--trace PATH`` can be appended to (it is created if missing).
 
@@ -184,7 +158,7 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
         TorchwatchError: bad rules, unwritable ``--json`` or ``--trace`` path, command not found.
     """
     rules = load_rules(opts.rules_dirs)
-    check_json_path(opts.json_path)
+    report.check_json_path(opts.json_path)
     check_trace_path(opts.trace)
     check_command(cmd)
     opts = _headless_without_terminal(opts)
@@ -218,7 +192,7 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
         TorchwatchError: see :func:`torchwatch.target.check_attachable`.
     """
     rules = load_rules(opts.rules_dirs)
-    check_json_path(opts.json_path)
+    report.check_json_path(opts.json_path)
     check_trace_path(opts.trace)
     check_attachable(pid)
     opts = _headless_without_terminal(opts)
@@ -292,8 +266,12 @@ def _stop(session: Session, child: Launched, stops: StopSignals, by: str) -> End
     return Ending(signal.Signals(stops.first).name, code) if stops.first is not None else Ending(by, code)
 
 
-def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSignals) -> Ending:
-    """torchwatch got a stop signal: stop the launched training (see :func:`stop_launched`)."""
+def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSignals, tui: bool = False) -> Ending:
+    """torchwatch got a stop signal: stop the launched training (see :func:`stop_launched`).
+
+    Under the TUI the terminal is in raw mode: Ctrl-C is a key there, so a SIGINT came from
+    elsewhere and never reached the training.
+    """
     sig = stops.first
     assert sig is not None
     code = None
@@ -303,7 +281,7 @@ def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSign
             child,
             session.tree.mains(),
             first=sig,
-            already_sent=sig == signal.SIGINT and terminal_delivers_interrupts(),
+            already_sent=sig == signal.SIGINT and not tui and terminal_delivers_interrupts(),
             signals=stops,
         )
     return Ending(signal.Signals(sig).name, code)
@@ -324,7 +302,7 @@ def _tui(
     except Exception:  # e.g. the terminal hung up while the app drew: the report still comes
         log.exception("the TUI ended with an error")
     if stops.first is not None:
-        return _stopped_by_signal(session, child, stops)
+        return _stopped_by_signal(session, child, stops, tui=True)
     timed_out = app.ended_by == "duration"
     if child is None:
         return Ending("exit" if session.target_gone else "duration" if timed_out else "quit")
@@ -423,7 +401,7 @@ def _write_reports(
         _emit(report.dumps(data), sys.stdout)
         return
     if opts.json_path:
-        target = json_target(opts.json_path, pid)
+        target = report.json_target(opts.json_path, pid)
         try:
             report.write_atomic(target, report.dumps(data) + "\n")
         except OSError as exc:

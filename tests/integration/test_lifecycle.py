@@ -89,6 +89,22 @@ class Watching:
         jsonschema.validate(data, json.loads(SCHEMA.read_text()))
         return data
 
+    def stop_with(self, signals: list[int], group: bool = False) -> tuple[float, bool]:
+        """Send ``signals`` 0.2 s apart (to the whole process group with ``group``, as a terminal's
+        Ctrl-C does); the seconds until torchwatch ended, and whether its tree was gone 5 s later."""
+        tree = self.tree()
+        assert len(tree) >= 2, tree  # the guard and the training at least
+        start = time.monotonic()
+        for sig in signals:
+            (os.killpg if group else os.kill)(self.proc.pid, sig)
+            time.sleep(0.2)
+        self.finish()
+        took = time.monotonic() - start
+        gone = gone_within(tree, 5.0) is not None
+        print(f"\n{'+'.join(signal.Signals(s).name for s in signals)}: torchwatch ended after {took:.2f} s; ", end="")
+        print(f"{len(tree)} processes gone: {gone}", end="")
+        return took, gone
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -129,20 +145,10 @@ def test_a_stop_signal_leaves_the_report_and_no_process(tmp_path: Path, signals:
     w = Watching(tmp_path / "r.json", CPU_BOUND)
     try:
         w.wait_for_label()
-        tree = w.tree()
-        assert len(tree) >= 2, tree  # the guard and the training at least
-        start = time.monotonic()
-        for sig in signals:
-            os.kill(w.proc.pid, sig)
-            time.sleep(0.2)
-        w.finish()
-        took = time.monotonic() - start
-        gone = gone_within(tree, 5.0)
+        _, gone = w.stop_with(signals)
     finally:
         w.kill()
-    names = "+".join(signal.Signals(s).name for s in signals)
-    print(f"\n{names}: torchwatch ended {took:.2f} s after the first signal; tree of {len(tree)} gone")
-    assert gone is not None, [(p.pid, p.cmdline()) for p in alive(tree)]
+    assert gone
     assert w.proc.returncode == -signals[0], "".join(w.stderr[-20:])  # ended by the signal it got
     data = w.report()
     assert data["ended_by"] == signal.Signals(signals[0]).name
@@ -172,21 +178,13 @@ def test_ctrl_c_stops_a_training_that_ignores_sigint_without_the_grace(tmp_path:
     w = Watching(tmp_path / "r.json", [sys.executable, "-c", IGNORES_SIGINT])
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not w.tree():
+        while time.monotonic() < deadline and len(w.tree()) < 2:
             time.sleep(0.2)
         time.sleep(3)
-        tree = w.tree()
-        start = time.monotonic()
-        for _ in range(count):
-            os.killpg(w.proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole group
-            time.sleep(0.2)
-        w.finish()
-        took = time.monotonic() - start
-        gone = gone_within(tree, 5.0)
+        took, gone = w.stop_with([signal.SIGINT] * count, group=True)
     finally:
         w.kill()
-    print(f"\n{count}x SIGINT to a training ignoring it: torchwatch ended after {took:.2f} s")
-    assert gone is not None
+    assert gone
     assert took < 5.0  # SIGTERM at once: 10 s of SIGINT grace would be waited for nothing
     assert w.report()["ended_by"] == "SIGINT"
     assert w.report()["target"]["exit_code"] == 128 + signal.SIGTERM

@@ -57,7 +57,7 @@ def test_window_within_bounds_is_taken_as_given(value: str) -> None:
 
 # -- --json DIR, --trace, atomic JSON -------------------------------------------------------------------
 def test_json_into_a_directory_gets_a_file_named_after_the_pid(tmp_path: Path) -> None:
-    from torchwatch.watch import json_target
+    from torchwatch.report import json_target
 
     target = json_target(str(tmp_path), 4242)
     assert target.parent == tmp_path
@@ -294,10 +294,15 @@ def test_stop_signals_are_recorded_then_restored() -> None:
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
-    from importlib.metadata import version
+def test_version_comes_from_the_package_metadata(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyproject.toml is the one place: the package and --version read the installed metadata."""
+    import importlib.metadata
 
+    real = importlib.metadata.version("torchwatch")
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert capsys.readouterr().out.strip() == f"torchwatch {version('torchwatch')}"
-    assert torchwatch.__version__ == version("torchwatch")
+    assert capsys.readouterr().out.strip() == f"torchwatch {real}"
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch" else real)
+    assert torchwatch.__version__ == "9.8.7"  # not a second copy of the number
