@@ -145,10 +145,11 @@ def test_a_stop_signal_leaves_the_report_and_no_process(tmp_path: Path, signals:
     w = Watching(tmp_path / "r.json", CPU_BOUND)
     try:
         w.wait_for_label()
-        _, gone = w.stop_with(signals)
+        took, gone = w.stop_with(signals)
     finally:
         w.kill()
     assert gone
+    assert took < 8.0  # no 10 s SIGINT grace waited for a signal the training never got
     assert w.proc.returncode == -signals[0], "".join(w.stderr[-20:])  # ended by the signal it got
     data = w.report()
     assert data["ended_by"] == signal.Signals(signals[0]).name
