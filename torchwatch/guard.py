@@ -1,6 +1,6 @@
 """The guard: the parent of a training that ``torchwatch run`` started, so that it never outlives torchwatch.
 
-torchwatch starts this file as a script (``python -I -S guard.py CTL STATUS -- COMMAND...``: the
+torchwatch starts this file as a script (``python -I -S guard.py CTL STATUS [--new-group] -- COMMAND...``: the
 standard library only, no ``site``, no ``PYTHONPATH``, so neither the hook nor a user's
 ``sitecustomize`` runs here) and the guard starts COMMAND. It is a *child subreaper*
 (``prctl(PR_SET_CHILD_SUBREAPER)``, prctl(2)): a process of the training whose parent dies
@@ -116,8 +116,12 @@ def _say(fd: int, line: str) -> None:
         os.write(fd, (line + "\n").encode())
 
 
-def guard(ctl: int, status: int, command: list[str]) -> int:
+def guard(ctl: int, status: int, command: list[str], new_group: bool = False) -> int:
     """Start ``command``, report its PID and exit status on ``status``, obey ``ctl``.
+
+    Args:
+        new_group: start ``command`` in a process group of its own (setpgid(2)), so that a
+            signal sent to torchwatch's group reaches it only through torchwatch, once.
 
     Returns:
         The guard's own exit status: 0, or 1 when ``command`` could not be started.
@@ -127,7 +131,8 @@ def guard(ctl: int, status: int, command: list[str]) -> int:
             signal.signal(sig, _ignore)
     _subreaper()
     try:
-        child = subprocess.Popen(command)
+        # the guard is single-threaded, so a preexec_fn is safe here
+        child = subprocess.Popen(command, preexec_fn=os.setpgrp if new_group else None)
     except OSError as exc:
         _say(status, f"error {exc.errno or 0} {exc.strerror or exc}")
         return 1
@@ -159,11 +164,13 @@ def guard(ctl: int, status: int, command: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``guard.py CTL_FD STATUS_FD -- COMMAND [ARGS...]``."""
-    if len(argv) < 4 or argv[2] != "--":
-        print("usage: guard.py CTL_FD STATUS_FD -- COMMAND [ARGS...]", file=sys.stderr)
+    """``guard.py CTL_FD STATUS_FD [--new-group] -- COMMAND [ARGS...]``."""
+    new_group = len(argv) > 2 and argv[2] == "--new-group"
+    rest = argv[3:] if new_group else argv[2:]
+    if len(argv) < 4 or not rest or rest[0] != "--" or len(rest) < 2:
+        print("usage: guard.py CTL_FD STATUS_FD [--new-group] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
-    return guard(int(argv[0]), int(argv[1]), argv[3:])
+    return guard(int(argv[0]), int(argv[1]), rest[1:], new_group)
 
 
 if __name__ == "__main__":

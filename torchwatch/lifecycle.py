@@ -16,9 +16,9 @@ stopped by             steps
 =====================  =====================================================================
 ``--duration``, ``q``  SIGINT to the command and each training process that catches it, 10 s
                        (only if one does); SIGTERM to all, 5 s; SIGKILL
-Ctrl-C (SIGINT)        as above; when torchwatch leads its terminal's foreground process
-                       group the terminal already sent SIGINT to the training, so torchwatch
-                       does not send it again
+Ctrl-C (SIGINT)        as above; when the training shares torchwatch's process group and
+                       torchwatch leads its terminal's foreground group, the terminal already
+                       sent SIGINT to the training, so torchwatch does not send it again
 SIGTERM, SIGHUP        the same signal to the command, 5 s; SIGTERM to all, 5 s; SIGKILL
 a second signal        ends the current wait: the next step now
 =====================  =====================================================================
@@ -86,12 +86,16 @@ class Launched:
     Attributes:
         pid: PID of the command (a child of the guard, which is torchwatch's child).
         args: the command line.
+        own_group: the command leads a process group of its own (:func:`needs_own_group`).
         returncode: ``None`` while the command runs; then its exit code, or ``-N`` when signal N
             ended it (as :attr:`subprocess.Popen.returncode`).
     """
 
-    def __init__(self, guard: subprocess.Popen[bytes], ctl: int, status: int, args: Sequence[str]) -> None:
+    def __init__(
+        self, guard: subprocess.Popen[bytes], ctl: int, status: int, args: Sequence[str], own_group: bool = False
+    ) -> None:
         self._guard = guard
+        self.own_group = own_group
         self._ctl: int | None = ctl
         self._status = status
         self._buffer = b""
@@ -198,8 +202,9 @@ def launch(
     stderr: IO[bytes] | int | None = None,
     stdin: int | None = None,
     env: dict[str, str] | None = None,
+    own_group: bool = False,
 ) -> Launched:
-    """Start ``command`` under the guard, in torchwatch's process group (so Ctrl-C reaches both).
+    """Start ``command`` under the guard.
 
     Args:
         command: program and arguments, e.g. ``["python", "train.py"]``.
@@ -207,6 +212,8 @@ def launch(
             stderr); ``None`` passes torchwatch's own through.
         stdin: ``subprocess.DEVNULL`` when the TUI owns the terminal.
         env: the command's environment; ``None`` inherits torchwatch's.
+        own_group: put the command in a process group of its own; otherwise it shares
+            torchwatch's, so a terminal's Ctrl-C and Ctrl-Z reach both (see :func:`needs_own_group`).
 
     Raises:
         UsageError: empty command.
@@ -217,7 +224,11 @@ def launch(
     status_r, status_w = os.pipe()
     try:
         guard = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(GUARD), str(ctl_r), str(status_w), "--", *command],
+            [
+                *(sys.executable, "-I", "-S", str(GUARD), str(ctl_r), str(status_w)),
+                *(["--new-group"] if own_group else []),
+                *("--", *command),
+            ],
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,
@@ -231,7 +242,30 @@ def launch(
     os.close(ctl_r)
     os.close(status_w)
     os.set_inheritable(ctl_w, False)
-    return Launched(guard, ctl_w, status_r, command)
+    return Launched(guard, ctl_w, status_r, command, own_group)
+
+
+def has_controlling_terminal() -> bool:
+    """Whether torchwatch has a controlling terminal (``/dev/tty`` opens), tty(4)."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+        return True
+    except OSError:
+        return False
+
+
+def needs_own_group(tui: bool) -> bool:
+    """Whether the launched command gets a process group of its own.
+
+    A signal to a whole process group reaches every member directly; a command sharing
+    torchwatch's group would then get it twice, once more when torchwatch passes it on (a second
+    KeyboardInterrupt lands in the training's own clean-up). So the command shares torchwatch's
+    group only where it must share its terminal: ``--headless`` with a controlling terminal
+    (Ctrl-C and Ctrl-Z stop both; ``pdb`` can read the terminal, which a background group may
+    not). Under the TUI the command has no terminal (stdin is ``/dev/null``, output goes to a log)
+    and the terminal is raw: Ctrl-C is a key, and a hang-up reaches torchwatch alone.
+    """
+    return tui or not has_controlling_terminal()
 
 
 def terminal_delivers_interrupts() -> bool:

@@ -29,7 +29,14 @@ import psutil
 
 from torchwatch import report
 from torchwatch.errors import TorchwatchError
-from torchwatch.lifecycle import Launched, StopSignals, launch, stop_launched, terminal_delivers_interrupts
+from torchwatch.lifecycle import (
+    Launched,
+    StopSignals,
+    launch,
+    needs_own_group,
+    stop_launched,
+    terminal_delivers_interrupts,
+)
 from torchwatch.rules_engine import load_rules
 from torchwatch.session import Session, SessionOptions
 from torchwatch.target import check_attachable, check_command, exit_status
@@ -166,13 +173,15 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
     env = hook_env(opts.burst_at) if opts.hook else None
     if opts.headless:
         # With the JSON on stdout the training's stdout goes to stderr, so stdout stays valid JSON.
-        child = launch(cmd, stdout=2 if opts.json_path == "-" else None, env=env)
+        child = launch(cmd, stdout=2 if opts.json_path == "-" else None, env=env, own_group=needs_own_group(False))
     else:
         # The TUI owns the terminal: the training's output goes to a log shown when the app exits.
         log_dir = Path(tempfile.mkdtemp(prefix="torchwatch-"))
         log_path = log_dir / "training.log"
         with open(log_path, "wb") as log_file:
-            child = launch(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            child = launch(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, own_group=True
+            )
     try:
         session = Session(child.pid, rules, opts.session_options(launched=True))
     except psutil.NoSuchProcess:
@@ -266,11 +275,10 @@ def _stop(session: Session, child: Launched, stops: StopSignals, by: str) -> End
     return Ending(signal.Signals(stops.first).name, code) if stops.first is not None else Ending(by, code)
 
 
-def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSignals, tui: bool = False) -> Ending:
+def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSignals) -> Ending:
     """torchwatch got a stop signal: stop the launched training (see :func:`stop_launched`).
 
-    Under the TUI the terminal is in raw mode: Ctrl-C is a key there, so a SIGINT came from
-    elsewhere and never reached the training.
+    A training in a process group of its own never got the signal: torchwatch passes it on.
     """
     sig = stops.first
     assert sig is not None
@@ -281,7 +289,7 @@ def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSign
             child,
             session.tree.mains(),
             first=sig,
-            already_sent=sig == signal.SIGINT and not tui and terminal_delivers_interrupts(),
+            already_sent=sig == signal.SIGINT and not child.own_group and terminal_delivers_interrupts(),
             signals=stops,
         )
     return Ending(signal.Signals(sig).name, code)
@@ -302,7 +310,7 @@ def _tui(
     except Exception:  # e.g. the terminal hung up while the app drew: the report still comes
         log.exception("the TUI ended with an error")
     if stops.first is not None:
-        return _stopped_by_signal(session, child, stops, tui=True)
+        return _stopped_by_signal(session, child, stops)
     timed_out = app.ended_by == "duration"
     if child is None:
         return Ending("exit" if session.target_gone else "duration" if timed_out else "quit")

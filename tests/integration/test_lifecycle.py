@@ -34,6 +34,17 @@ IGNORES_SIGINT = (
 )
 
 
+COUNTS_SIGINT = (
+    "import signal, sys, time\n"
+    "got = []\n"
+    "signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))\n"
+    "print('ready', flush=True)\n"
+    "while not got: time.sleep(0.05)\n"
+    "time.sleep(2)  # a second SIGINT, if one comes, arrives meanwhile\n"
+    "open(sys.argv[1], 'w').write(str(len(got)))\n"
+)
+
+
 class Watching:
     """``python -m torchwatch run --headless --json OUT ARGS -- COMMAND`` in its own session
     (no terminal, as under CI), its stderr read in the background."""
@@ -189,6 +200,53 @@ def test_ctrl_c_stops_a_training_that_ignores_sigint_without_the_grace(tmp_path:
     assert took < 5.0  # SIGTERM at once: 10 s of SIGINT grace would be waited for nothing
     assert w.report()["ended_by"] == "SIGINT"
     assert w.report()["target"]["exit_code"] == 128 + signal.SIGTERM
+
+
+def test_sigint_to_torchwatchs_group_reaches_the_training_once(tmp_path: Path) -> None:
+    """No terminal (CI): the training has a process group of its own, so a SIGINT to torchwatch's
+    group reaches it once, passed on by torchwatch, never twice (a second KeyboardInterrupt would
+    land in the training's own clean-up)."""
+    count = tmp_path / "count"
+    w = Watching(tmp_path / "r.json", [sys.executable, "-c", COUNTS_SIGINT, str(count)])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(w.tree()) < 2:
+            time.sleep(0.2)
+        time.sleep(2)
+        _, gone = w.stop_with([signal.SIGINT], group=True)
+    finally:
+        w.kill()
+    assert gone
+    assert count.read_text() == "1"
+    assert w.report()["target"]["exit_code"] == 0  # it handled the one SIGINT and ended cleanly
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_ctrl_c_in_a_terminal_reaches_the_training_once(tmp_path: Path) -> None:
+    """--headless in a terminal: the training shares the terminal (and torchwatch's group), so
+    Ctrl-C reaches it from the terminal and torchwatch does not send it again."""
+    from tests.integration.test_tui_tmux import Tmux
+
+    tmux = Tmux()
+    count, out = tmp_path / "count", tmp_path / "r.json"
+    python = shlex.quote(sys.executable)
+    # "trap : INT": the shell itself survives the Ctrl-C (torchwatch ends by SIGINT, which would
+    # otherwise end the shell's script too, as it should) and prints torchwatch's status
+    command = (
+        f"trap : INT; cd {shlex.quote(str(REPO))} && {python} -m torchwatch run --headless --json {out} -- {python} -c "
+        f"{shlex.quote(COUNTS_SIGINT)} {count}; echo TW_EXIT=$?; sleep 60"
+    )
+    tmux("new-session", "-d", "-x", "120", "-y", "30", "-s", "tw", command)
+    try:
+        assert "ready" in tmux.wait_for(lambda s: "ready" in s, 30.0)
+        time.sleep(2)
+        tmux("send-keys", "-t", "tw", "C-c")
+        done = tmux.wait_for(lambda s: "TW_EXIT=" in s, 30.0)
+    finally:
+        tmux.kill()
+    assert "TW_EXIT=130" in done, done
+    assert count.read_text() == "1"
+    assert json.loads(out.read_text())["ended_by"] == "SIGINT"
 
 
 def test_duration_is_a_stop_torchwatch_asked_for_exit_0(tmp_path: Path) -> None:
