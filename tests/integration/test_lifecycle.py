@@ -164,8 +164,10 @@ def test_a_stop_signal_leaves_the_report_and_no_process(tmp_path: Path, signals:
     assert w.proc.returncode == -signals[0], "".join(w.stderr[-20:])  # ended by the signal it got
     data = w.report()
     assert data["ended_by"] == signal.Signals(signals[0]).name
-    assert data["target"]["exit_code"] is not None and data["verdict"]["label"] == "cpu-bound"
-    assert "verdict: cpu-bound" in w.stdout and "Traceback" not in "".join(w.stderr)
+    assert data["target"]["exit_code"] is not None
+    # the report holds the watch (the final label may already be the loop winding down)
+    assert "cpu-bound" in {h["label"] for h in data["verdict_history"]}, data["verdict_history"]
+    assert f"verdict: {data['verdict']['label']}" in w.stdout and "Traceback" not in "".join(w.stderr)
 
 
 def test_sigkill_leaves_no_training_and_no_dataloader_worker(tmp_path: Path) -> None:
