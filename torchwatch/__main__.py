@@ -1,7 +1,5 @@
 """``python -m torchwatch`` runs the CLI."""
 
-import sys
+from torchwatch.cli import entry
 
-from torchwatch.cli import main
-
-sys.exit(main())
+entry()

@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from torchwatch.diagnosis import Analysis
+from torchwatch.errors import TorchwatchError
 from torchwatch.features import CATALOGUE
 from torchwatch.readings import SourceStatus
 from torchwatch.rules_engine import human_bytes
 
 SCHEMA = "torchwatch.report/1"
+ENDINGS = {
+    "exit": "the target exited",
+    "duration": "--duration ran out",
+    "quit": "quit from the TUI",
+    "left running": "quit from the TUI, the training left running",
+    "SIGINT": "torchwatch got SIGINT",
+    "SIGTERM": "torchwatch got SIGTERM",
+    "SIGHUP": "torchwatch got SIGHUP (its terminal closed)",
+}
 
 
 def _num(v: float | None) -> float | None:
@@ -31,6 +45,7 @@ def build(
     history: Sequence[tuple[float, str]] = (),
     own_usage: Mapping[str, float] | None = None,
     hook: Mapping[str, Any] | None = None,
+    ended_by: str | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
@@ -40,11 +55,13 @@ def build(
     ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
     CPU and memory, see :meth:`Session.own_usage`) and ``hook`` (what the in-process hook
     measured: steps/s, step time, data-wait fraction, DataLoader settings, the last burst's
-    summary; see :meth:`Session.hook_summary`; ``null`` without a hook).
+    summary; see :meth:`Session.hook_summary`; ``null`` without a hook), and ``ended_by``:
+    what ended the watch (:data:`ENDINGS`; ``null`` when not known).
     """
     return {
         "schema": SCHEMA,
         "target": {"pid": pid, "cmdline": list(cmdline), "exit_code": exit_code},
+        "ended_by": ended_by,
         "window": {"seconds": float(window_s)},
         "verdict": analysis.verdict.to_json(),
         "findings": [f.to_json() for f in analysis.findings],
@@ -194,8 +211,11 @@ def render_text(report: Mapping[str, Any]) -> str:
     target, verdict = report["target"], report["verdict"]
     cmd = " ".join(target["cmdline"]) or "?"
     exit_part = "" if target["exit_code"] is None else f", exit {target['exit_code']}"
+    ended = ENDINGS.get(str(report.get("ended_by")))
+    ended_part = f"; {ended}" if ended else ""
     lines = [
-        f"torchwatch report: {cmd} (PID {target['pid']}{exit_part}), watched {report['watched_seconds']:.0f} s",
+        f"torchwatch report: {cmd} (PID {target['pid']}{exit_part}), watched {report['watched_seconds']:.0f} s"
+        f"{ended_part}",
         f"verdict: {verdict['label']} (confidence {verdict['confidence']:.2f})",
         f"  {verdict['summary']}",
     ]
@@ -241,3 +261,57 @@ def status_line(analysis: Analysis | None, elapsed_s: float) -> str:
 def dumps(report: Mapping[str, Any]) -> str:
     """JSON text of the report (indented, UTF-8 safe)."""
     return json.dumps(report, indent=2, ensure_ascii=False)
+
+
+def default_name(pid: int, kind: str = "report") -> str:
+    """The file name of a report written into a directory: ``torchwatch-KIND-PID-YYYYmmdd-HHMMSS.json``."""
+    return f"torchwatch-{kind}-{pid}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def check_json_path(path: str | None) -> None:
+    """Check, before watching, that ``--json PATH`` can be written: a file in a writable directory,
+    or a writable directory (the report is then written into it under :func:`default_name`).
+
+    Raises:
+        TorchwatchError: the directory does not exist or is not writable.
+    """
+    if path in (None, "-"):
+        return
+    target = Path(path).expanduser()
+    folder = target if target.is_dir() else target.parent
+    if path.endswith(os.sep) and not target.is_dir():
+        folder = target
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise TorchwatchError(
+            f"cannot write the JSON report to {path}: {folder} is not a writable directory",
+            "give --json a path in an existing, writable directory",
+        )
+
+
+def json_target(path: str, pid: int, kind: str = "report") -> Path:
+    """Where ``--json PATH`` writes: PATH, or ``PATH/torchwatch-KIND-PID-TIME.json`` for a directory."""
+    target = Path(path).expanduser()
+    return target / default_name(pid, kind) if target.is_dir() else target
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one, never a part.
+
+    The text goes to a new file beside ``path`` (created exclusively, never through a symlink,
+    mode 0666 less the umask as ``open`` would give), is flushed to disk, then renamed over
+    ``path`` (rename(2) is atomic within a file system and replaces a symlink, never follows it).
+
+    Raises:
+        OSError: the directory is not writable, the disk is full, ... (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

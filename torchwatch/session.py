@@ -6,9 +6,9 @@ nor the report calls a source; they read :attr:`Session.latest` and :meth:`Sessi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
+import logging
 import resource
 import threading
 import time
@@ -25,7 +25,9 @@ from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
-from torchwatch.store import Store
+from torchwatch.store import KEEP_S, Store
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class SessionOptions:
     nvml: bool = True
     trace_path: Path | None = None
     hook_expected: bool = False
+
+
+# The bounds of --window. py-spy's stack samples arrive a chunk at a time, all stamped at the
+# chunk's end: a window shorter than a chunk may hold none and flip between a label and
+# "undetermined". A window longer than the store keeps would silently be cut to what it holds.
+WINDOW_MIN_S = SessionOptions.pyspy_chunk_s
+WINDOW_MAX_S = KEEP_S
 
 
 class Session:
@@ -88,6 +97,7 @@ class Session:
         self.ended_at: float | None = None
         self._chosen: int | None = None
         self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
+        self._errors_seen: set[str] = set()
         opts = self.options
         self.proc = ProcSource(self.tree)
         self.pyspy = PySpySource(
@@ -148,9 +158,10 @@ class Session:
         """Stop sampling, close the sources and join the threads. Idempotent."""
         self._stop.set()
         for src in self.sources:
-            # a source failing to close must not block the exit
-            with contextlib.suppress(Exception):
+            try:
                 src.close()
+            except Exception:  # a source failing to close must not block the exit
+                log.warning("closing the %s source failed", src.name, exc_info=True)
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -232,6 +243,7 @@ class Session:
             try:
                 readings = src.sample(t0)
             except Exception as exc:
+                log.exception("the %s sampler failed; it stops, the other sources keep running", src.name)
                 src.status = SourceStatus.unavailable(
                     f"internal error in {src.name}: {exc!r}", "please report it; other sources keep running"
                 )
@@ -271,7 +283,8 @@ class Session:
         try:
             with open(self.options.trace_path, "a") as f:  # type: ignore[arg-type]
                 f.write(json.dumps(record) + "\n")
-        except OSError:
+        except OSError as exc:
+            log.warning("--trace: cannot append to %s (%s): tracing stops", self.options.trace_path, exc)
             self.options = dataclasses.replace(self.options, trace_path=None)
 
     def _analysis_loop(self) -> None:
@@ -281,10 +294,20 @@ class Session:
                 break
             try:
                 analysis = self.analyze()
-            except Exception:
+            except Exception as exc:
+                self._log_analysis_error(exc)
                 continue
             if self.on_analysis is not None:
                 self.on_analysis(analysis)
+
+    def _log_analysis_error(self, exc: Exception) -> None:
+        """Log a failed analysis: the first of each kind as a warning, every one with its traceback
+        at debug level (the loop retries every second, so a persistent error would flood the log)."""
+        key = f"{type(exc).__name__}: {exc}"
+        if key not in self._errors_seen:
+            self._errors_seen.add(key)
+            log.warning("analysis failed (retried every %g s): %s", self.options.analysis_interval_s, key)
+        log.debug("analysis failed", exc_info=exc)
 
     # -- the in-process hook -------------------------------------------------------------
     def hook_summary(self) -> dict[str, object] | None:

@@ -16,6 +16,8 @@ from torchwatch.readings import (
     ThreadSample,
 )
 
+KEEP_S = 300.0  # seconds of readings a Store keeps by default: the longest window a verdict can use
+
 
 @dataclass
 class Window:
@@ -54,7 +56,7 @@ class Store:
         max_items: hard cap per kind, so a runaway source cannot grow memory without bound.
     """
 
-    def __init__(self, keep: float = 300.0, max_items: int = 200_000) -> None:
+    def __init__(self, keep: float = KEEP_S, max_items: int = 200_000) -> None:
         self.keep = keep
         self._lock = threading.Lock()
         self._buffers: dict[str, deque[object]] = {k: deque(maxlen=max_items) for k in _KINDS.values()}

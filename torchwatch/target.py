@@ -1,4 +1,4 @@
-"""Starting and finding the process to watch, and stopping it safely.
+"""Checking the process to watch or the command to start (starting and stopping it: :mod:`torchwatch.lifecycle`).
 
 Every failure here is a :class:`~torchwatch.errors.TorchwatchError` with a hint: the CLI
 prints one line and exits non-zero, never a traceback.
@@ -6,20 +6,15 @@ prints one line and exits non-zero, never a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
 import psutil
 
 from torchwatch.errors import TorchwatchError, UsageError
-from torchwatch.sources.proc import ProcessTree
+from torchwatch.sources.proc import ProcessTree, ancestors
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -49,7 +44,8 @@ def check_attachable(pid: int) -> ProcessTree:
 
     Raises:
         TorchwatchError: no such process, exited, owned by another user (without root),
-            or neither it nor a descendant is a Python process.
+            or neither it nor a descendant is a Python process (torchwatch's own branch, when
+            ``pid`` is its ancestor, does not count).
     """
     if pid <= 0:
         raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -f train.py")
@@ -88,6 +84,13 @@ def check_attachable(pid: int) -> ProcessTree:
         raise TorchwatchError(
             f"permission denied reading {_describe(proc)}", "run torchwatch as the process's user, or with sudo"
         ) from None
+    if not tree.mains() and pid in ancestors():
+        # The shell (or PID 1) torchwatch runs under: torchwatch's own branch is left out of the
+        # tree, and nothing else there is Python.
+        raise TorchwatchError(
+            f"{_describe(proc)} is an ancestor of torchwatch and, torchwatch aside, runs no Python process",
+            "give the PID of the training's Python process: pgrep -af python",
+        )
     if not tree.mains():
         raise TorchwatchError(
             f"{_describe(proc)} is not a Python process and has no Python child",
@@ -117,87 +120,6 @@ def check_command(command: Sequence[str]) -> None:
         )
 
 
-def launch(
-    command: Sequence[str],
-    stdout: IO[bytes] | None = None,
-    stderr: IO[bytes] | int | None = None,
-    stdin: int | None = None,
-    env: dict[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start ``command`` as a child in torchwatch's process group (so Ctrl-C reaches both).
-
-    Args:
-        command: program and arguments, e.g. ``["python", "train.py"]``.
-        stdout, stderr: where the child writes; ``None`` passes the terminal through untouched.
-        stdin: ``subprocess.DEVNULL`` when the TUI owns the terminal.
-        env: the child's environment; ``None`` inherits torchwatch's.
-
-    Raises:
-        UsageError: empty command.
-        TorchwatchError: the program is not found or not executable.
-    """
-    check_command(command)
-    program = command[0]
-    try:
-        return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr, env=env)
-    except OSError as exc:
-        raise TorchwatchError(f"cannot start {program}: {exc.strerror or exc}", "check the command") from None
-
-
 def exit_status(returncode: int) -> int:
     """Shell-style exit status: a child killed by signal N gives 128+N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def stop_tree(
-    child: subprocess.Popen[bytes], tree: ProcessTree | None, grace_s: float = 10.0, interrupt: bool = True
-) -> int:
-    """Stop a launched command: SIGINT, then SIGTERM, then SIGKILL (DESIGN.md ``--duration``).
-
-    SIGINT goes to the root and to each training process that catches it (Python does by
-    default, so the training sees KeyboardInterrupt and its DataLoader shuts down cleanly);
-    SIGTERM and SIGKILL go to whatever is left of the tree after each grace period.
-
-    Args:
-        interrupt: send SIGINT first; ``False`` when the terminal's Ctrl-C already reached it.
-
-    Returns:
-        The child's shell-style exit status.
-    """
-    if child.poll() is not None:
-        return exit_status(child.returncode)
-    pids = [child.pid] + (tree.mains() if tree else [])
-    for pid in dict.fromkeys(pids):
-        if interrupt and catches(pid, signal.SIGINT):
-            _send(pid, signal.SIGINT)
-    if _wait(child, grace_s):
-        return exit_status(child.returncode)
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        for proc in _tree_procs(child.pid):
-            _send(proc.pid, sig)
-        if _wait(child, wait_s):
-            break
-    child.wait()
-    return exit_status(child.returncode)
-
-
-def _tree_procs(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _send(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _wait(child: subprocess.Popen[bytes], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            return True
-        time.sleep(0.05)
-    return child.poll() is not None

@@ -1,26 +1,51 @@
-"""What ``run`` and ``attach`` share: load rules, start a session, drive the TUI or the headless loop, report."""
+"""What ``run`` and ``attach`` share: load rules, start a session, drive the TUI or the headless loop, report.
+
+How a watch ends decides torchwatch's exit status (the README's "Exit status" table):
+
+- the training exits by itself: its own status (128+N when signal N ended it);
+- torchwatch stops it as asked (``--duration``, ``q`` in the TUI), or leaves it running: 0;
+- ``--fail-on`` matches the final verdict, and the status would otherwise be 0: 3;
+- a stop signal to torchwatch (SIGINT, SIGTERM, SIGHUP): the training is stopped, the report
+  written, then torchwatch ends by that signal (a shell sees 128+N; see :mod:`torchwatch.lifecycle`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TextIO
 
 import psutil
 
 from torchwatch import report
 from torchwatch.errors import TorchwatchError
+from torchwatch.lifecycle import (
+    Launched,
+    StopSignals,
+    launch,
+    needs_own_group,
+    stop_launched,
+    terminal_delivers_interrupts,
+)
 from torchwatch.rules_engine import load_rules
 from torchwatch.session import Session, SessionOptions
-from torchwatch.target import check_attachable, check_command, exit_status, launch, stop_tree
+from torchwatch.target import check_attachable, check_command, exit_status
+
+log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on every label change
+FAIL_ON_EXIT = 3  # --fail-on matched (the command itself succeeded, or torchwatch stopped it)
+ERROR_EXIT = 1  # torchwatch could not watch (bad input, or an internal error while watching)
 
 
 @dataclass
@@ -57,7 +82,23 @@ class WatchOptions:
         return SessionOptions(window_s=self.window, trace_path=self.trace, hook_expected=launched and self.hook)
 
 
-FAIL_ON_EXIT = 3  # --fail-on matched (the command itself succeeded)
+@dataclass(frozen=True)
+class Ending:
+    """How watching ended.
+
+    Attributes:
+        by: a key of :data:`torchwatch.report.ENDINGS` (``exit``, ``duration``, ``quit``,
+            ``left running``, ``error``, or the name of the signal torchwatch got).
+        code: the training's shell-style exit status, ``None`` when not known (attach) or running.
+    """
+
+    by: str
+    code: int | None = None
+
+    @property
+    def signal(self) -> int | None:
+        """The stop signal that ended torchwatch, if one did."""
+        return int(signal.Signals[self.by]) if self.by.startswith("SIG") else None
 
 
 def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
@@ -78,67 +119,112 @@ def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
     return env
 
 
-def _check_json_path(path: str | None) -> None:
-    if path in (None, "-"):
-        return
-    parent = Path(path).expanduser().resolve().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise TorchwatchError(
-            f"cannot write the JSON report to {path}: {parent} is not a writable directory",
-            "give --json a path in an existing, writable directory",
-        )
-
-
-def run_command(cmd: Sequence[str], opts: WatchOptions) -> int:
-    """``torchwatch run``: start ``cmd``, watch it, report; returns the command's exit status.
+def check_trace_path(path: Path | None) -> None:
+    """Check, before watching, that ``--trace PATH`` can be appended to (it is created if missing).
 
     Raises:
-        TorchwatchError: bad rules, unwritable ``--json`` path, command not found.
+        TorchwatchError: PATH is a directory, or cannot be created or written.
+    """
+    if path is None:
+        return
+    try:
+        with open(path.expanduser(), "a"):
+            pass
+    except OSError as exc:
+        raise TorchwatchError(
+            f"cannot write the trace to {path}: {exc.strerror or exc}",
+            "give --trace a file path in an existing, writable directory",
+        ) from None
+
+
+def has_terminal() -> bool:
+    """Whether the TUI can run: it reads keys from stdin and draws on stderr (Textual's choice)."""
+    try:
+        return sys.stdin is not None and sys.stderr is not None and sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _headless_without_terminal(opts: WatchOptions) -> WatchOptions:
+    """The options to use: headless when no terminal can show the TUI (said in one line)."""
+    if opts.headless or has_terminal():
+        return opts
+    print("torchwatch: no terminal for the TUI (stdin or stderr is not a TTY): running --headless", file=sys.stderr)
+    return replace(opts, headless=True)
+
+
+def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> int:
+    """``torchwatch run``: start ``cmd``, watch it, report; returns torchwatch's exit status.
+
+    Args:
+        cmd: the command and its arguments.
+        opts: the parsed options.
+        stops: the stop signals torchwatch catches (installed by the caller).
+
+    Raises:
+        TorchwatchError: bad rules, unwritable ``--json`` or ``--trace`` path, command not found.
     """
     rules = load_rules(opts.rules_dirs)
-    _check_json_path(opts.json_path)
+    report.check_json_path(opts.json_path)
+    check_trace_path(opts.trace)
     check_command(cmd)
+    opts = _headless_without_terminal(opts)
     log_path: Path | None = None
     env = hook_env(opts.burst_at) if opts.hook else None
     if opts.headless:
-        child = launch(cmd, env=env)
+        # With the JSON on stdout the training's stdout goes to stderr, so stdout stays valid JSON.
+        child = launch(cmd, stdout=2 if opts.json_path == "-" else None, env=env, own_group=needs_own_group(False))
     else:
         # The TUI owns the terminal: the training's output goes to a log shown when the app exits.
         log_dir = Path(tempfile.mkdtemp(prefix="torchwatch-"))
         log_path = log_dir / "training.log"
-        with open(log_path, "wb") as log:
-            child = launch(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        with open(log_path, "wb") as log_file:
+            child = launch(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, own_group=True
+            )
     try:
         session = Session(child.pid, rules, opts.session_options(launched=True))
     except psutil.NoSuchProcess:
-        code = exit_status(child.wait())
+        code = exit_status(child.wait() or 0)
+        child.close()
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
         return code
     session.start()
-    status = _drive(session, child, opts, log_path)
-    code = status if status is not None else 0
-    # --fail-on decides unless the command failed by itself (not stopped by --duration or q)
-    if (code == 0 or session.stopped_target) and _failed_on(session, opts):
-        return FAIL_ON_EXIT
-    return code
+    ending = _drive(session, child, opts, log_path, stops)
+    return _exit_status(ending, session, opts)
 
 
-def attach_pid(pid: int, opts: WatchOptions) -> int:
-    """``torchwatch attach``: watch a running process until it exits, ``--duration`` or Ctrl-C.
+def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
+    """``torchwatch attach``: watch a running process until it exits, ``--duration``, ``q`` or a signal.
 
     Raises:
         TorchwatchError: see :func:`torchwatch.target.check_attachable`.
     """
     rules = load_rules(opts.rules_dirs)
-    _check_json_path(opts.json_path)
+    report.check_json_path(opts.json_path)
+    check_trace_path(opts.trace)
     check_attachable(pid)
+    opts = _headless_without_terminal(opts)
     try:
         session = Session(pid, rules, opts.session_options())
     except psutil.NoSuchProcess:
         raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
     session.start()
-    _drive(session, None, opts, None)
-    return FAIL_ON_EXIT if _failed_on(session, opts) else 0
+    ending = _drive(session, None, opts, None, stops)
+    return _exit_status(ending, session, opts)
+
+
+def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
+    """torchwatch's exit status for ``ending`` (see the module docstring)."""
+    sig = ending.signal
+    if sig is not None:
+        return 128 + sig
+    if ending.by == "error":
+        return ERROR_EXIT
+    own = ending.code if ending.by == "exit" and ending.code is not None else 0
+    if own == 0 and _failed_on(session, opts):
+        return FAIL_ON_EXIT
+    return own
 
 
 def _failed_on(session: Session, opts: WatchOptions) -> bool:
@@ -156,62 +242,129 @@ def _failed_on(session: Session, opts: WatchOptions) -> bool:
 
 
 def _drive(
-    session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions, log_path: Path | None
-) -> int | None:
-    """Watch until the end, write the reports; returns the child's exit status (run) or None."""
+    session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
+) -> Ending:
+    """Watch until the end, stop what must be stopped, write the reports; how it ended."""
     start = time.monotonic()
-    code: int | None = None
+    ending = Ending("error")
     try:
-        if opts.headless:
-            code = _headless(session, child, opts, start)
-        else:
-            from torchwatch.tui.app import WatchApp
-
-            app = WatchApp(session, child=child, duration=opts.duration, log_path=log_path)
-            app.run()
-            if child is not None:
-                if child.poll() is not None:
-                    code = exit_status(child.returncode)
-                elif app.stop_training:  # "y" at the quit question, or --duration ran out
-                    session.stopped_target = True
-                    code = stop_tree(child, session.tree)
-                else:  # "n": the user left the training running
-                    print(
-                        f"torchwatch: the training (PID {child.pid}) keeps running; its output goes to {log_path}",
-                        file=sys.stderr,
-                    )
-                    code = None
-    except KeyboardInterrupt:
+        ending = (
+            _headless(session, child, opts, start, stops)
+            if opts.headless
+            else _tui(session, child, opts, log_path, stops)
+        )
+    except Exception as exc:  # a bug must not cost the report, nor leave the training behind
+        log.exception("watching failed")
+        print(f"torchwatch: error: watching failed: {exc!r} (the report follows)", file=sys.stderr)
         if child is not None:
-            # Ctrl-C reached the training too (same process group): give it time to stop itself.
-            code = stop_tree(child, session.tree, grace_s=10.0, interrupt=False)
+            session.stopped_target = True
+            ending = Ending("error", stop_launched(child, session.tree.mains(), signals=stops))
     finally:
+        log.debug("watching ended: %s", ending)
+        if child is not None and ending.by != "left running":
+            child.close()
         session.stop()
-    if log_path is not None:
-        _show_log(log_path)
-    _write_reports(session, child, code, opts, time.monotonic() - start)
-    return code
+    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path)
+    return ending
 
 
-def _headless(session: Session, child: subprocess.Popen[bytes] | None, opts: WatchOptions, start: float) -> int | None:
-    last_label, last_print = None, 0.0
+def _stop(session: Session, child: Launched, stops: StopSignals, by: str) -> Ending:
+    """Stop the launched training as asked (``by``: ``duration`` or ``quit``), unless a signal overtakes."""
+    session.stopped_target = True
+    code = stop_launched(child, session.tree.mains(), signals=stops)
+    return Ending(signal.Signals(stops.first).name, code) if stops.first is not None else Ending(by, code)
+
+
+def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSignals) -> Ending:
+    """torchwatch got a stop signal: stop the launched training (see :func:`stop_launched`).
+
+    A training in a process group of its own never got the signal: torchwatch passes it on.
+    """
+    sig = stops.first
+    assert sig is not None
+    code = None
+    if child is not None:
+        session.stopped_target = True
+        code = stop_launched(
+            child,
+            session.tree.mains(),
+            first=sig,
+            already_sent=sig == signal.SIGINT and not child.own_group and terminal_delivers_interrupts(),
+            signals=stops,
+        )
+    return Ending(signal.Signals(sig).name, code)
+
+
+def _tui(
+    session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
+) -> Ending:
+    from torchwatch.tui.app import WatchApp
+    from torchwatch.tui.terminal import hangup_safe_terminal
+
+    app = WatchApp(
+        session, child=child, duration=opts.duration, log_path=log_path, stop_requested=lambda: bool(stops.received)
+    )
+    try:
+        with hangup_safe_terminal():
+            app.run()
+    except Exception:  # e.g. the terminal hung up while the app drew: the report still comes
+        log.exception("the TUI ended with an error")
+    if stops.first is not None:
+        return _stopped_by_signal(session, child, stops)
+    timed_out = app.ended_by == "duration"
+    if child is None:
+        return Ending("exit" if session.target_gone else "duration" if timed_out else "quit")
+    if child.poll() is not None:
+        return Ending("exit", exit_status(child.poll() or 0))
+    if app.stop_training:  # "y" at the quit question, or --duration ran out
+        return _stop(session, child, stops, "duration" if timed_out else "quit")
+    child.leave_running()
+    print(
+        f"torchwatch: the training (PID {child.pid}) keeps running; its output goes to {log_path}",
+        file=sys.stderr,
+    )
+    return Ending("left running")
+
+
+def _headless(session: Session, child: Launched | None, opts: WatchOptions, start: float, stops: StopSignals) -> Ending:
+    last_label: str | None = None
+    last_print = 0.0
+    status_ok = True
     while True:
         now = time.monotonic()
+        if stops.first is not None:
+            return _stopped_by_signal(session, child, stops)
         if child is not None and child.poll() is not None:
-            return exit_status(child.returncode)
+            return Ending("exit", exit_status(child.poll() or 0))
         if child is None and session.target_gone:
-            return None
+            return Ending("exit")
         if opts.duration is not None and now - start >= opts.duration:
-            if child is None:
-                return None
-            session.stopped_target = True
-            return stop_tree(child, session.tree)
+            return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
         analysis = session.latest
         label = analysis.verdict.label if analysis else None
-        if label != last_label or now - last_print >= STATUS_EVERY_S:
-            print(report.status_line(analysis, now - start), file=sys.stderr, flush=True)
+        if status_ok and (label != last_label or now - last_print >= STATUS_EVERY_S):
+            # a closed stderr ends the status lines, not the watch
+            status_ok = _emit(report.status_line(analysis, now - start), sys.stderr, fatal=False)
             last_label, last_print = label, now
-        time.sleep(0.25)
+        stops.arrived.wait(0.25)
+
+
+def _emit(text: str, stream: TextIO, fatal: bool = True) -> bool:
+    """Print ``text`` on ``stream``; whether it worked.
+
+    Raises:
+        BrokenPipeError: the reader went away (a closed pipe, or a terminal that hung up: EIO),
+            when ``fatal``; the CLI then ends quietly.
+    """
+    try:
+        print(text, file=stream, flush=True)
+        return True
+    except OSError as exc:
+        if not fatal or exc.errno not in (errno.EPIPE, errno.EIO):
+            if fatal:
+                raise
+            return False
+        raise BrokenPipeError(errno.EPIPE, "the reader of the report went away") from None
 
 
 def _show_log(path: Path, lines: int = 40) -> None:
@@ -219,38 +372,51 @@ def _show_log(path: Path, lines: int = 40) -> None:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return
-    if text:
-        sys.stdout.write("\n".join(text[-lines:]) + "\n")
-        print(f"torchwatch: the training's output ({len(text)} lines) is in {path}", file=sys.stderr)
+    if text and _emit("\n".join(text[-lines:]), sys.stdout, fatal=False):
+        _emit(f"torchwatch: the training's output ({len(text)} lines) is in {path}", sys.stderr, fatal=False)
 
 
 def _write_reports(
-    session: Session, child: subprocess.Popen[bytes] | None, code: int | None, opts: WatchOptions, watched_s: float
+    session: Session,
+    child: Launched | None,
+    ending: Ending,
+    opts: WatchOptions,
+    watched_s: float,
+    log_path: Path | None = None,
 ) -> None:
+    """The JSON report first (a file survives a closed terminal), then the end of the training's
+    output (TUI) and the text report."""
     analysis = session.final()
     pid = child.pid if child is not None else session.tree.root
     node = session.tree.nodes().get(session.main_pid or pid) or session.tree.nodes().get(pid)
-    cmdline = [str(a) for a in child.args] if child is not None else list(node.cmdline if node else ())  # type: ignore[union-attr]
+    cmdline = [str(a) for a in child.args] if child is not None else list(node.cmdline if node else ())
     data = report.build(
         analysis,
         session.statuses(),
         pid=pid,
         cmdline=cmdline,
-        exit_code=code,
+        exit_code=ending.code,
         window_s=session.options.window_s,
         watched_s=watched_s,
         history=session.history,
         own_usage=session.own_usage(),
         hook=session.hook_summary(),
+        ended_by=ending.by,
     )
     text = report.render_text(data)
     if opts.json_path == "-":
-        print(text, file=sys.stderr)
-        print(report.dumps(data))
-    else:
-        print(text, flush=True)
-        if opts.json_path:
-            try:
-                Path(opts.json_path).expanduser().write_text(report.dumps(data) + "\n")
-            except OSError as exc:
-                print(f"torchwatch: error: cannot write {opts.json_path}: {exc.strerror or exc}", file=sys.stderr)
+        _emit(text, sys.stderr, fatal=False)
+        _emit(report.dumps(data), sys.stdout)
+        return
+    if opts.json_path:
+        target = report.json_target(opts.json_path, pid)
+        try:
+            report.write_atomic(target, report.dumps(data) + "\n")
+        except OSError as exc:
+            print(f"torchwatch: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        else:
+            if target != Path(opts.json_path).expanduser():
+                _emit(f"torchwatch: JSON report written to {target}", sys.stderr, fatal=False)
+    if log_path is not None:
+        _show_log(log_path)
+    _emit(text, sys.stdout)

@@ -261,6 +261,7 @@ def test_no_burst_without_a_hook_or_when_the_hook_lost_the_signal(tmp_path: Path
 # -- the hook in a real training process ------------------------------------------------------
 def run_script(mode: str, tmp_path: Path, **env: str) -> dict[str, Any]:
     """Run tests/unit/_hook_script.py MODE in a fresh interpreter; its JSON result."""
+    pytest.importorskip("torch", reason="the hook's training runs need torch (installed without the test extra)")
     proc = hook_script(mode, tmp_path / "tw", tmp_path / "traces", **env)
     out = result(proc)
     out["stderr"] = proc.stderr
@@ -362,6 +363,7 @@ def test_a_post_epoch_pause_is_not_a_data_wait(tmp_path: Path) -> None:
 
 def test_run_preloads_the_hook_and_still_runs_the_users_sitecustomize(tmp_path: Path) -> None:
     """What torchwatch run does: PYTHONPATH=boot + TORCHWATCH_HOOK=1; the user's sitecustomize runs too."""
+    pytest.importorskip("torch", reason="the hook patches torch when the training imports it")
     from torchwatch.watch import hook_env
 
     user = tmp_path / "user_site"

@@ -111,6 +111,10 @@ class ProcessTree:
 
     Thread-safe: samplers read snapshots while ProcSource refreshes.
 
+    torchwatch itself and what it starts (py-spy) are never part of the tree: when the root is an
+    ancestor of torchwatch (``attach`` to the shell it runs in, or to a training that started
+    torchwatch on itself), torchwatch's own branch is left out.
+
     Raises:
         psutil.NoSuchProcess: from the constructor when ``root`` does not exist.
     """
@@ -118,6 +122,7 @@ class ProcessTree:
     def __init__(self, root: int) -> None:
         self.root = root
         self._root_proc = psutil.Process(root)
+        self._holds_me = root in ancestors()
         self._lock = threading.Lock()
         self._nodes: dict[int, TreeNode] = {}
         self._procs: dict[int, psutil.Process] = {root: self._root_proc}
@@ -143,6 +148,10 @@ class ProcessTree:
             except psutil.Error:
                 continue
             procs[proc.pid] = proc
+        if self._holds_me:
+            for pid in _branch(raw, os.getpid()):
+                raw.pop(pid, None)
+                procs.pop(pid, None)
         roles = assign_roles(raw, self.root)
         with self._lock:
             self._procs = procs
@@ -178,6 +187,28 @@ class ProcessTree:
             return self._root_proc.is_running() and self._root_proc.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
+
+
+def ancestors(pid: int | None = None) -> set[int]:
+    """PIDs of the ancestors of ``pid`` (default: this process), up to PID 1 of its namespace."""
+    try:
+        return {p.pid for p in psutil.Process(pid).parents()}
+    except psutil.Error:
+        return set()
+
+
+def _branch(nodes: dict[int, tuple[int, str, tuple[str, ...], str]], top: int) -> set[int]:
+    """``top`` and every PID below it in ``nodes`` (``{pid: (ppid, ...)}``)."""
+    below: dict[int, list[int]] = {}
+    for pid, (ppid, *_rest) in nodes.items():
+        below.setdefault(ppid, []).append(pid)
+    found, todo = {top}, [top]
+    while todo:
+        for child in below.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _exe(proc: psutil.Process) -> str:

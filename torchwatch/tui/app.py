@@ -10,12 +10,11 @@ starts on mount and joins on unmount reads the session once per refresh and post
 from __future__ import annotations
 
 import inspect
-import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events, work
 from textual.app import App, ComposeResult
@@ -42,6 +41,10 @@ from torchwatch.tui.widgets import (
     show_text,
 )
 
+if TYPE_CHECKING:
+    from torchwatch.lifecycle import ChildProcess
+
+STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
 PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log")
 NAVIGATION_HELP = (
     ("tab / shift+tab", "move between the findings, the panel tabs and the panel's rows"),
@@ -67,10 +70,13 @@ class WatchApp(App[None]):
         refresh_s: seconds between two reads of the session (the display's refresh).
         clock: monotonic clock in seconds; tests freeze it.
         report_dir: directory ``e`` writes the JSON report to (the current directory by default).
+        stop_requested: polled every :data:`STOP_POLL_S` s; when it returns ``True`` (torchwatch
+            got SIGTERM, SIGHUP or SIGINT) the app exits at once.
 
     Attributes:
         stop_training: after the app exits, whether the caller should stop the launched
             training (``True`` unless the user quit with "leave it running").
+        ended_by: why the app exited: ``"quit"``, ``"duration"`` or ``"signal"``.
     """
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
@@ -92,15 +98,18 @@ class WatchApp(App[None]):
     def __init__(
         self,
         session: WatchedSession,
-        child: subprocess.Popen[bytes] | None = None,
+        child: ChildProcess | None = None,
         duration: float | None = None,
         *,
         log_path: Path | None = None,
         refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         report_dir: Path | None = None,
+        stop_requested: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__()
+        self.stop_requested = stop_requested
+        self.ended_by = "quit"
         self.session = session
         self.child = child
         self.duration = duration
@@ -159,7 +168,18 @@ class WatchApp(App[None]):
         )
         self._reader.start()
         if self.duration is not None:
-            self.set_timer(self.duration, self.exit)
+            self.set_timer(self.duration, self._time_up)
+        if self.stop_requested is not None:
+            self.set_interval(STOP_POLL_S, self._check_stop)
+
+    def _time_up(self) -> None:
+        self.ended_by = "duration"
+        self.exit()
+
+    def _check_stop(self) -> None:
+        if self.stop_requested is not None and self.stop_requested():
+            self.ended_by = "signal"
+            self.exit()
 
     def on_unmount(self) -> None:
         """Join the reader thread (the session's samplers belong to the caller)."""
@@ -303,8 +323,7 @@ class WatchApp(App[None]):
     @work(thread=True, group="export")
     def _export(self, snap: Snapshot) -> None:
         pid = self.child.pid if self.child is not None else getattr(getattr(self.session, "tree", None), "root", 0)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = (self.report_dir or Path.cwd()) / f"torchwatch-report-{pid}-{stamp}.json"
+        path = (self.report_dir or Path.cwd()) / report.default_name(pid)
         try:
             extra: dict[str, Any] = {}
             hook_summary = getattr(self.session, "hook_summary", None)
@@ -322,7 +341,7 @@ class WatchApp(App[None]):
                 own_usage=self._own_usage(),
                 **extra,
             )
-            path.write_text(report.dumps(data) + "\n")
+            report.write_atomic(path, report.dumps(data) + "\n")
         except Exception as exc:  # the report must never take the app down
             self.call_from_thread(self.notify, f"cannot write the report: {exc}", severity="error")
             return

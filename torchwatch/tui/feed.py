@@ -6,6 +6,7 @@ session; widgets change only when the app receives its messages (memray's ``Upda
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from textual.message import Message
 
 from torchwatch.tui.messages import LogRead, ReaderFailed, SnapshotRead
 from torchwatch.tui.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
 
 LOG_CHUNK_BYTES = 256 * 1024  # most bytes of log read per refresh: a chatty training cannot stall the UI
 LOG_LINE_CHARS = 2000  # longer lines (progress bars without newlines) are cut
@@ -104,6 +107,7 @@ class Reader(threading.Thread):
             self._failed = False
         except Exception as exc:
             if not self._failed:
+                log.warning("reading the session for the TUI failed: %r", exc, exc_info=True)
                 self._post(ReaderFailed(f"reading the session failed: {exc!r}"))
             self._failed = True
         if self._log is not None:

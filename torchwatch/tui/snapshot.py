@@ -9,16 +9,18 @@ the app works against a session without the in-process hook.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchwatch.diagnosis import Analysis
 from torchwatch.readings import Role, SourceStatus, Status
 from torchwatch.rules_engine import human_bytes
 from torchwatch.store import Store
 from torchwatch.tui import views
+
+if TYPE_CHECKING:
+    from torchwatch.lifecycle import ChildProcess
 
 HISTORY_S = 180.0  # seconds of readings behind the sparklines ("the last minutes")
 NO_HOOK = "no hook in the process: start the training with torchwatch run"
@@ -342,7 +344,7 @@ def burst_view(hook: Mapping[str, Any] | None, possible: tuple[bool, str]) -> Bu
     return BurstView(possible=ok, reason=why, state=state, error=error, last=last)
 
 
-def exit_line(child: subprocess.Popen[bytes] | None, target_gone: bool) -> tuple[str | None, int | None]:
+def exit_line(child: ChildProcess | None, target_gone: bool) -> tuple[str | None, int | None]:
     """One line saying the target exited (with its exit status), and the status; ``None`` while it runs."""
     if child is not None:
         code = child.poll()
@@ -355,9 +357,7 @@ def exit_line(child: subprocess.Popen[bytes] | None, target_gone: bool) -> tuple
     return None, None
 
 
-def read_snapshot(
-    session: WatchedSession, child: subprocess.Popen[bytes] | None, now: float, trends: views.Trends
-) -> Snapshot:
+def read_snapshot(session: WatchedSession, child: ChildProcess | None, now: float, trends: views.Trends) -> Snapshot:
     """Read everything one refresh shows from ``session`` (any object shaped like :class:`Session`).
 
     Args:

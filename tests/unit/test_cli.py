@@ -1,0 +1,308 @@
+"""The command line's promises: option bounds, where the JSON goes, streams, exit statuses, logging,
+the environment variables it lists, and the version (in-process unless a closed pipe is needed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchwatch
+from torchwatch import report
+from torchwatch.bursts import wait_for_burst
+from torchwatch.cli import build_parser, main
+from torchwatch.rules_engine import load_rules
+from torchwatch.session import Session, SessionOptions
+
+# Names this change added are imported inside the tests that use them, so that on an older
+# torchwatch each of those tests fails on its own instead of the whole module failing to import.
+
+PACKAGE = Path(torchwatch.__file__).parent
+README = PACKAGE.parent / "README.md"
+
+
+def error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    _, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("torchwatch: error:") and "hint:" in lines[0]
+    return lines[0]
+
+
+# -- --window ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["0.001", "2.9", "301", "1e9", "inf", "nan", "-5", "abc"])
+def test_window_out_of_bounds_is_refused_and_named(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--headless", "--window", value, "--", "definitely-not-a-command-xyz"]) == 2
+    line = error_line(capsys)
+    assert "--window" in line and "--duration" not in line
+
+
+@pytest.mark.parametrize("value", ["3", "10", "300"])
+def test_window_within_bounds_is_taken_as_given(value: str) -> None:
+    from torchwatch.session import WINDOW_MAX_S, WINDOW_MIN_S
+
+    assert (WINDOW_MIN_S, WINDOW_MAX_S) == (3.0, 300.0)
+    args = build_parser().parse_args(["run", "--window", value, "--", "python"])
+    assert args.window == float(value)  # never capped
+
+
+# -- --json DIR, --trace, atomic JSON -------------------------------------------------------------------
+def test_json_into_a_directory_gets_a_file_named_after_the_pid(tmp_path: Path) -> None:
+    from torchwatch.report import json_target
+
+    target = json_target(str(tmp_path), 4242)
+    assert target.parent == tmp_path
+    assert re.fullmatch(r"torchwatch-report-4242-\d{8}-\d{6}\.json", target.name)
+    assert json_target(str(tmp_path / "r.json"), 4242) == tmp_path / "r.json"
+
+
+def test_json_to_a_missing_directory_is_refused_up_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = f"{tmp_path}/no/such/dir/"
+    assert main(["run", "--headless", "--json", missing, "--", "definitely-not-a-command-xyz"]) == 1
+    assert "cannot write the JSON report" in error_line(capsys)
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "directory"])
+def test_unwritable_trace_fails_up_front(where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "no" / "t.jsonl" if where == "missing-dir" else tmp_path
+    # the command does not exist either: the --trace check must come first and stop everything
+    assert main(["run", "--headless", "--trace", str(path), "--", "definitely-not-a-command-xyz"]) == 1
+    line = error_line(capsys)
+    assert f"cannot write the trace to {path}" in line
+
+
+def test_json_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hasattr(report, "write_atomic"), "no atomic writer"
+    path = tmp_path / "r.json"
+    path.write_text('{"old": true}\n')
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        report.write_atomic(path, json.dumps({"new": True}))
+    assert json.loads(path.read_text()) == {"old": True}  # the old file, untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left behind
+    monkeypatch.undo()
+    report.write_atomic(path, json.dumps({"new": True}))
+    assert json.loads(path.read_text()) == {"new": True}
+
+
+def test_json_replaces_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
+    assert hasattr(report, "write_atomic"), "no atomic writer"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "r.json"
+    link.symlink_to(victim)
+    report.write_atomic(link, "{}\n")
+    assert victim.read_text() == "precious\n"
+    assert not link.is_symlink() and link.read_text() == "{}\n"
+
+
+# -- streams and exit statuses ---------------------------------------------------------------------
+def _closed_pipe_run(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m torchwatch ARGS`` with stdout a pipe whose reader has already gone."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "torchwatch", *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write)
+
+
+def test_rules_list_into_a_closed_pipe_ends_quietly() -> None:
+    result = _closed_pipe_run("rules", "list")
+    assert result.stderr == ""
+    assert result.returncode == 1  # the Python documentation's convention for EPIPE
+
+
+def test_exit_statuses_are_in_the_help_and_the_readme(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchwatch.cli import EXIT_STATUS
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "exit status:" in out
+    for code, _text in EXIT_STATUS:
+        assert re.search(rf"^\s+{re.escape(code)}\s", out, re.M), code
+    if README.exists():
+        readme = README.read_text()
+        for code in ("128+N", "| 3 |", "| 2 |", "| 1 |", "| 0 |"):
+            assert code in readme, code
+
+
+# -- environment variables -------------------------------------------------------------------------
+def _variables_read_by_the_code() -> set[str]:
+    found: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        found |= set(re.findall(r"\bTORCHWATCH_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    return found
+
+
+def test_every_torchwatch_variable_the_code_reads_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchwatch.cli import ENVIRONMENT
+
+    in_code = _variables_read_by_the_code()
+    assert "TORCHWATCH_SIGNAL" in in_code  # the scan itself works
+    assert in_code <= set(ENVIRONMENT), f"not in cli.ENVIRONMENT: {sorted(in_code - set(ENVIRONMENT))}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    helptext = capsys.readouterr().out
+    missing_help = [name for name in ENVIRONMENT if not re.search(rf"\b{name}\b", helptext)]
+    assert not missing_help, missing_help
+    if README.exists():
+        readme = README.read_text()
+        assert not [name for name in ENVIRONMENT if not re.search(rf"\b{name}\b", readme)]
+
+
+# -- logging -----------------------------------------------------------------------------------------
+@pytest.fixture
+def log_file(tmp_path: Path) -> Any:
+    from torchwatch.cli import configure_logging
+
+    path = tmp_path / "torchwatch.log"
+    configure_logging(verbose=True, log_file=path)
+    yield path
+    for handler in list(logging.getLogger("torchwatch").handlers):
+        logging.getLogger("torchwatch").removeHandler(handler)
+        handler.close()
+
+
+def test_an_exception_in_the_analysis_thread_reaches_the_log_file(
+    log_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = Session(os.getpid(), load_rules(), SessionOptions(nvml=False, analysis_interval_s=0.02))
+
+    def broken(now: float | None = None) -> Any:
+        raise ZeroDivisionError("rule arithmetic went wrong")
+
+    monkeypatch.setattr(session, "analyze", broken)
+    thread = threading.Thread(target=session._analysis_loop)
+    thread.start()
+    time.sleep(0.2)
+    session._stop.set()
+    thread.join(5)
+    text = log_file.read_text()
+    assert "analysis failed" in text and "ZeroDivisionError: rule arithmetic went wrong" in text
+    assert "Traceback" in text  # -v: the traceback too, once per failure
+    assert text.count("WARNING") == 1  # the same error is warned about once, not every 20 ms
+
+
+def test_log_options_are_taken_before_and_after_the_command() -> None:
+    parser = build_parser()
+    before = parser.parse_args(["-v", "--log-file", "a.log", "rules", "list"])
+    after = parser.parse_args(["rules", "list", "-v", "--log-file", "b.log"])
+    neither = parser.parse_args(["rules", "list"])
+    assert (before.verbose, before.log_file) == (True, Path("a.log"))
+    assert (after.verbose, after.log_file) == (True, Path("b.log"))
+    assert (neither.verbose, neither.log_file) == (False, None)
+
+
+def test_unwritable_log_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-file", str(tmp_path / "no" / "x.log"), "rules", "list"]) == 1
+    assert "cannot write the log" in error_line(capsys)
+
+
+# -- burst progress ----------------------------------------------------------------------------------
+class FakeReader:
+    """A hook that finishes burst 1 on its ``done_after``-th read."""
+
+    def __init__(self, done_after: int) -> None:
+        self.pid = 4242
+        self.reads = 0
+        self.done_after = done_after
+
+    def info(self) -> dict[str, Any]:
+        self.reads += 1
+        if self.reads < self.done_after:
+            return {"burst": {"state": "running", "count": 0}}
+        return {"burst": {"state": "idle", "count": 1, "last": {"id": 1, "steps": 3}}}
+
+
+def test_waiting_for_a_burst_reports_progress() -> None:
+    waited: list[float] = []
+    summary = wait_for_burst(FakeReader(4), 0, 10.0, poll_s=0.01, on_wait=waited.append)
+    assert summary["id"] == 1
+    assert len(waited) == 3 and waited == sorted(waited) and waited[0] > 0
+
+
+class Stream:
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> None:
+    from torchwatch.bursts import PLAIN_EVERY_S, progress
+
+    stream = Stream(tty=False)
+    with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
+        for waited in (1.0, 5.0, PLAIN_EVERY_S + 0.5, PLAIN_EVERY_S + 2.0, 2 * PLAIN_EVERY_S + 1):
+            on_wait(waited)
+    lines = stream.text.splitlines()
+    assert lines == [
+        "torchwatch: still waiting for the burst of PID 4242 (10 s of at most 60 s)",
+        "torchwatch: still waiting for the burst of PID 4242 (21 s of at most 60 s)",
+    ]
+    assert "\x1b" not in stream.text
+
+
+def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
+    from torchwatch.bursts import progress
+
+    stream = Stream(tty=True)
+    with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
+        on_wait(3.0)
+        time.sleep(0.3)
+    assert "waiting for the burst of PID 4242" in stream.text
+    assert "\x1b[" in stream.text  # drawn and erased in place by rich's live display
+
+
+# -- stop signals, version -----------------------------------------------------------------------------
+def test_stop_signals_are_recorded_then_restored() -> None:
+    import signal
+
+    from torchwatch.lifecycle import StopSignals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as stops:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops.arrived.wait(5)
+        assert stops.received == [signal.SIGTERM] and stops.first == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_version_comes_from_the_package_metadata(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyproject.toml is the one place: the package and --version read the installed metadata."""
+    import importlib.metadata
+
+    real = importlib.metadata.version("torchwatch")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"torchwatch {real}"
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch" else real)
+    assert torchwatch.__version__ == "9.8.7"  # not a second copy of the number
