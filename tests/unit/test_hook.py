@@ -282,7 +282,10 @@ def test_hook_measures_steps_settings_amp_and_runs_a_burst(tmp_path: Path) -> No
     assert last.get("error") is None and last["steps"] == 3 and last["events"] > 0
     assert sum(last["breakdown_share"].values()) == pytest.approx(1.0, abs=1e-3)
     measured = sum(last["measured_step_ms"]) / len(last["measured_step_ms"])
-    assert last["step_time_ms"] == pytest.approx(measured, rel=0.05)
+    # the trace's ProfilerStep spans and the hook's optimizer-step boundaries are a few ms apart;
+    # on a loaded machine (CI next to other jobs) they differ by up to ~10 %, a unit or step-count
+    # slip by 2x or 1000x
+    assert last["step_time_ms"] == pytest.approx(measured, rel=0.15)
     with gzip.open(last["trace_path"], "rt") as f:
         trace = json.load(f)
     assert any(str(e.get("name", "")).startswith("ProfilerStep#") for e in trace["traceEvents"])
