@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from overhead import _steps_per_s  # noqa: E402
 
-from torchwatch.watch import hook_env  # noqa: E402
+from torchwatch.watch.driver import hook_env  # noqa: E402
 
 
 def per_call_us(rounds: int = 5, calls: int = 20_000) -> dict[str, float]:
@@ -81,8 +81,8 @@ def run_demo(demo: str, seconds: float, hooked: bool) -> float:
 
 def burst_cost(n: int, seconds: float) -> dict[str, Any]:
     """Run ``n`` bursts on the dataloader demo, one every few seconds; their costs."""
-    from torchwatch.bursts import wait_for_burst
     from torchwatch.sources.hook import HookReader
+    from torchwatch.watch.bursts import wait_for_burst
 
     cmd = [sys.executable, str(REPO / "demo" / "dataloader_bound.py"), "--device", "cpu", "--seconds", str(seconds)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=hook_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,4 +1,4 @@
-"""torchwatch.features.compute on synthetic windows of readings."""
+"""torchwatch.analysis.features.compute on synthetic windows of readings."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from torchwatch.features import CATALOGUE, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, compute
-from torchwatch.readings import (
+from torchwatch.analysis.features import CATALOGUE, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, compute
+from torchwatch.analysis.store import Window
+from torchwatch.model.readings import (
     Frame,
     GpuSample,
     HookState,
@@ -18,7 +19,6 @@ from torchwatch.readings import (
     ThreadSample,
     Wait,
 )
-from torchwatch.store import Window
 
 MAIN = 1000
 WORKERS = (1001, 1002)

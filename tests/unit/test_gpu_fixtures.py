@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from tests.unit import nvml_replay
-from torchwatch import features
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.features import Features
+from torchwatch.analysis import features
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.features import Features
+from torchwatch.analysis.rules_engine import human_bytes, load_rules
+from torchwatch.analysis.store import Window
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.readings import GpuSample, HookState
-from torchwatch.rules_engine import human_bytes, load_rules
-from torchwatch.store import Window
+from torchwatch.model.readings import GpuSample, HookState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 RULES = load_rules()

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from tests.unit.hookrun import hook_script, result
-from torchwatch.features import compute
+from torchwatch.analysis.features import compute
+from torchwatch.analysis.store import Window
 from torchwatch.hook import publish, should_install, wire
-from torchwatch.readings import HookState
+from torchwatch.model.readings import HookState
 from torchwatch.sources.hook import HookReader, instance_of
-from torchwatch.store import Window
 
 SCRIPT = Path(__file__).with_name("_hook_script.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -364,7 +364,7 @@ def test_a_post_epoch_pause_is_not_a_data_wait(tmp_path: Path) -> None:
 def test_run_preloads_the_hook_and_still_runs_the_users_sitecustomize(tmp_path: Path) -> None:
     """What torchwatch run does: PYTHONPATH=boot + TORCHWATCH_HOOK=1; the user's sitecustomize runs too."""
     pytest.importorskip("torch", reason="the hook patches torch when the training imports it")
-    from torchwatch.watch import hook_env
+    from torchwatch.watch.driver import hook_env
 
     user = tmp_path / "user_site"
     user.mkdir()

@@ -1,4 +1,4 @@
-"""torchwatch.report: the JSON contract (validated against report_schema.json), text and status line."""
+"""torchwatch.faces.report: the JSON contract (validated against report_schema.json), text and status line."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from tests.unit.featuresets import consistent
-from torchwatch import report
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.features import CATALOGUE, Features
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.features import CATALOGUE, Features
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.faces import report
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.readings import SourceStatus, Status
-from torchwatch.rules_engine import load_rules
+from torchwatch.model.readings import SourceStatus, Status
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.hookrun import hook_script, result
-from torchwatch import report
+from torchwatch.faces import report
 
 hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
 

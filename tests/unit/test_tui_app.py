@@ -13,11 +13,11 @@ from rich.console import Console
 from textual.widgets import Log, Static, TabbedContent
 
 from tests.unit.test_tui_recorded import MAIN, NOW, FakeSession, HookedSession, recorded_session
-from torchwatch.readings import SourceStatus, Status
-from torchwatch.tui import views
-from torchwatch.tui.app import WatchApp
-from torchwatch.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
-from torchwatch.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
+from torchwatch.faces.tui import views
+from torchwatch.faces.tui.app import WatchApp
+from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
+from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
+from torchwatch.model.readings import SourceStatus, Status
 
 Check = Callable[[WatchApp, Any], Awaitable[None]]
 

@@ -14,9 +14,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from torchwatch import features as feats
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.readings import (
+from torchwatch.analysis import features as feats
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.store import Store
+from torchwatch.model.readings import (
     GpuSample,
     ProcessSample,
     Role,
@@ -26,9 +28,7 @@ from torchwatch.readings import (
     ThreadSample,
     Wait,
 )
-from torchwatch.rules_engine import load_rules
 from torchwatch.sources.pyspy import parse_raw
-from torchwatch.store import Store
 
 NOW = 60.0
 MAIN, WORKERS, HELPER = 4236, (4279, 4280), 4250

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from tests.unit.test_tui_recorded import NOW, recorded_session
-from torchwatch.tui.app import WatchApp
+from torchwatch.faces.tui.app import WatchApp
 
 
 def app_over(gpus: bool = False, hooked: bool = False) -> WatchApp:

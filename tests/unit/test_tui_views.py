@@ -10,10 +10,10 @@ import pytest
 
 from tests.unit import nvml_replay
 from tests.unit.test_tui_recorded import MAIN, NOW, WORKERS, FakeSession, HookedSession, recorded_session
+from torchwatch.faces.tui import render, snapshot, views
+from torchwatch.faces.tui.feed import LogTail
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.readings import Frame, Role, SourceStatus, ThreadSample, Wait
-from torchwatch.tui import render, snapshot, views
-from torchwatch.tui.feed import LogTail
+from torchwatch.model.readings import Frame, Role, SourceStatus, ThreadSample, Wait
 
 SITE = "/usr/lib/python3.11/site-packages/torch"
 

@@ -23,7 +23,7 @@ _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
 _HELPER_MODULE_PREFIXES = ("torch._inductor.",)  # torch.compile's compile workers
 # ... also started as a script path: python .../torch/_inductor/compile_worker/__main__.py
 _HELPER_SCRIPT_DIRS = (os.sep + os.path.join("torch", "_inductor", ""),)
-# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.hook_env).
+# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.driver.hook_env).
 _PRELOAD_VARS = ("TORCHWATCH_HOOK", "TORCHWATCH_HOOK_PATH", "TORCHWATCH_BURST_AT")
 
 

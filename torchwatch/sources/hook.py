@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch.hook import publish, wire
-from torchwatch.readings import HookState, SourceStatus, Status
-from torchwatch.target import catches
+from torchwatch.model.readings import HookState, SourceStatus, Status
+from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
 

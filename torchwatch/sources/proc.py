@@ -26,8 +26,8 @@ from pathlib import Path
 
 import psutil
 
-from torchwatch.cpus import usable_cpus
-from torchwatch.readings import (
+from torchwatch.hook.cpus import usable_cpus
+from torchwatch.model.readings import (
     ProcessSample,
     Role,
     SourceStatus,
@@ -40,6 +40,21 @@ from torchwatch.readings import (
 _LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
 _HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "multiprocessing.forkserver")
 _SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "multiprocessing.popen_spawn")
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler for ``signum`` (``/proc/PID/status`` ``SigCgt``, bit signum-1).
+
+    A signal such as SIGUSR2 kills a process that does not catch it (kineto#406), so this is
+    checked before any signal torchwatch sends to ask something of a process.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 @dataclass(frozen=True)

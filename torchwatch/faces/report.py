@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchwatch.diagnosis import Analysis
-from torchwatch.errors import TorchwatchError
-from torchwatch.features import CATALOGUE
-from torchwatch.readings import SourceStatus
-from torchwatch.rules_engine import human_bytes
+from torchwatch.analysis.diagnosis import Analysis
+from torchwatch.analysis.features import CATALOGUE
+from torchwatch.analysis.rules_engine import human_bytes
+from torchwatch.model.errors import TorchwatchError
+from torchwatch.model.readings import SourceStatus
 
 SCHEMA = "torchwatch.report/1"
 ENDINGS = {

@@ -1,4 +1,4 @@
-"""Features: pure functions from a :class:`~torchwatch.store.Window` to named numbers.
+"""Features: pure functions from a :class:`~torchwatch.analysis.store.Window` to named numbers.
 
 Every feature is declared once in :data:`CATALOGUE` with its unit and source; a value that
 cannot be computed (source unavailable, too few samples) is ``None``, never 0.
@@ -18,9 +18,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from torchwatch import stacks
-from torchwatch.readings import HookState, Role, ThreadSample, Wait
-from torchwatch.store import Window
+from torchwatch.analysis import stacks
+from torchwatch.analysis.store import Window
+from torchwatch.model.readings import HookState, Role, ThreadSample, Wait
 
 MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
 MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state shares are None

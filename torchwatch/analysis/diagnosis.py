@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchwatch import expr
-from torchwatch.cpus import io_bound_workers, suggested_workers
-from torchwatch.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
-from torchwatch.rules_engine import LABELS, Rule, fill
+from torchwatch.analysis import expr
+from torchwatch.analysis.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
+from torchwatch.analysis.rules_engine import LABELS, Rule, fill
+from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ How a watch ends decides torchwatch's exit status (the README's "Exit status" ta
 - torchwatch stops it as asked (``--duration``, ``q`` in the TUI), or leaves it running: 0;
 - ``--fail-on`` matches the final verdict, and the status would otherwise be 0: 3;
 - a stop signal to torchwatch (SIGINT, SIGTERM, SIGHUP): the training is stopped, the report
-  written, then torchwatch ends by that signal (a shell sees 128+N; see :mod:`torchwatch.lifecycle`).
+  written, then torchwatch ends by that signal (a shell sees 128+N; see :mod:`torchwatch.watch.lifecycle`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from typing import TextIO
 
 import psutil
 
-from torchwatch import report
-from torchwatch.errors import TorchwatchError
-from torchwatch.lifecycle import (
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.faces import report
+from torchwatch.model.errors import TorchwatchError
+from torchwatch.watch.lifecycle import (
     Launched,
     StopSignals,
     launch,
@@ -37,9 +38,8 @@ from torchwatch.lifecycle import (
     stop_launched,
     terminal_delivers_interrupts,
 )
-from torchwatch.rules_engine import load_rules
-from torchwatch.session import Session, SessionOptions
-from torchwatch.target import check_attachable, check_command, exit_status
+from torchwatch.watch.session import Session, SessionOptions
+from torchwatch.watch.target import check_attachable, check_command, exit_status
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Ending:
     """How watching ended.
 
     Attributes:
-        by: a key of :data:`torchwatch.report.ENDINGS` (``exit``, ``duration``, ``quit``,
+        by: a key of :data:`torchwatch.faces.report.ENDINGS` (``exit``, ``duration``, ``quit``,
             ``left running``, ``error``, or the name of the signal torchwatch got).
         code: the training's shell-style exit status, ``None`` when not known (attach) or running.
     """
@@ -198,7 +198,7 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     """``torchwatch attach``: watch a running process until it exits, ``--duration``, ``q`` or a signal.
 
     Raises:
-        TorchwatchError: see :func:`torchwatch.target.check_attachable`.
+        TorchwatchError: see :func:`torchwatch.watch.target.check_attachable`.
     """
     rules = load_rules(opts.rules_dirs)
     report.check_json_path(opts.json_path)
@@ -298,8 +298,8 @@ def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSign
 def _tui(
     session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
 ) -> Ending:
-    from torchwatch.tui.app import WatchApp
-    from torchwatch.tui.terminal import hangup_safe_terminal
+    from torchwatch.faces.tui.app import WatchApp
+    from torchwatch.faces.tui.terminal import hangup_safe_terminal
 
     app = WatchApp(
         session, child=child, duration=opts.duration, log_path=log_path, stop_requested=lambda: bool(stops.received)

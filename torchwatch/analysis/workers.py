@@ -1,17 +1,15 @@
-"""CPU budgets for advice: usable CPUs (affinity and cgroup quota) and DataLoader worker counts.
+"""DataLoader worker counts to suggest, from the usable CPUs.
 
-:func:`usable_cpus` lives in the hook (:mod:`torchwatch.hook.cpus`, standard library only,
-it runs inside the training too); it is re-exported here. ``os.cpu_count()`` alone is wrong
-in containers and under ``taskset``: num_workers advice must respect the quota and affinity.
+The usable CPUs (affinity and cgroup quota) come from :func:`torchwatch.hook.cpus.usable_cpus`
+(standard library only: the hook runs it inside the training too). ``os.cpu_count()`` alone is
+wrong in containers and under ``taskset``: num_workers advice must respect the quota and affinity.
 """
 
 from __future__ import annotations
 
 import math
 
-from torchwatch.hook.cpus import _cgroup_quota, _read_v1_quota, _read_v2_quota, usable_cpus
-
-__all__ = ["_cgroup_quota", "_read_v1_quota", "_read_v2_quota", "io_bound_workers", "suggested_workers", "usable_cpus"]
+__all__ = ["io_bound_workers", "suggested_workers"]
 
 
 def suggested_workers(cpus: float, reserved: int = 1) -> int:

@@ -1,6 +1,6 @@
-"""Checking the process to watch or the command to start (starting and stopping it: :mod:`torchwatch.lifecycle`).
+"""Checking the process to watch or the command to start (starting and stopping it: :mod:`torchwatch.watch.lifecycle`).
 
-Every failure here is a :class:`~torchwatch.errors.TorchwatchError` with a hint: the CLI
+Every failure here is a :class:`~torchwatch.model.errors.TorchwatchError` with a hint: the CLI
 prints one line and exits non-zero, never a traceback.
 """
 
@@ -9,27 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from pathlib import Path
 
 import psutil
 
-from torchwatch.errors import TorchwatchError, UsageError
+from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.sources.proc import ProcessTree, ancestors
-
-
-def catches(pid: int, signum: int) -> bool:
-    """Whether ``pid`` has a handler for ``signum`` (``/proc/PID/status`` ``SigCgt``, bit signum-1).
-
-    A signal such as SIGUSR2 kills a process that does not catch it (kineto#406), so this is
-    checked before any signal torchwatch sends to ask something of a process.
-    """
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
 
 
 def _describe(proc: psutil.Process) -> str:

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TextIO
 
-from torchwatch import report
-from torchwatch.errors import TorchwatchError, UsageError
+from torchwatch.faces import report
+from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.sources.hook import HookReader
-from torchwatch.target import check_attachable
+from torchwatch.watch.target import check_attachable
 
 PLAIN_EVERY_S = 10.0  # without a terminal: a "still waiting" line this often
 

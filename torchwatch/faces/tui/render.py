@@ -1,4 +1,4 @@
-"""Rich text of each panel, from a :class:`~torchwatch.tui.snapshot.Snapshot` (pure formatting).
+"""Rich text of each panel, from a :class:`~torchwatch.faces.tui.snapshot.Snapshot` (pure formatting).
 
 Widgets call these and display the result; nothing here knows about Textual. Units are
 written out (``MB``, ``ms``, ``W``, ``%``) and a missing value reads ``n/a``.
@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from rich.table import Table
 from rich.text import Text
 
-from torchwatch.diagnosis import Analysis, Finding
-from torchwatch.features import CATALOGUE
-from torchwatch.readings import Frame, SourceStatus, Status
-from torchwatch.report import format_value
-from torchwatch.tui import views
-from torchwatch.tui.snapshot import BurstView, Snapshot, StepsView
+from torchwatch.analysis.diagnosis import Analysis, Finding
+from torchwatch.analysis.features import CATALOGUE
+from torchwatch.faces.report import format_value
+from torchwatch.faces.tui import views
+from torchwatch.faces.tui.snapshot import BurstView, Snapshot, StepsView
+from torchwatch.model.readings import Frame, SourceStatus, Status
 
 LABEL_STYLES = {
     "gpu-bound": "bold green",

@@ -17,7 +17,7 @@ A rule file::
     detail = "num_workers={worker_count:.0f} on {usable_cpus:.0f} usable CPUs: try {suggested_workers}."
     when = "worker_count < suggested_workers"      # optional
 
-Expressions use :mod:`torchwatch.expr` (no ``eval``); templates are ``str.format`` fields
+Expressions use :mod:`torchwatch.analysis.expr` (no ``eval``); templates are ``str.format`` fields
 naming features or :data:`TEMPLATE_VALUES`, with a number format spec (``{x:.0%}``) or the
 spec ``bytes`` (``{rss_bytes:bytes}`` prints ``3.2 GiB``), no attribute or index access.
 """
@@ -33,9 +33,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from torchwatch import expr
-from torchwatch.errors import RuleError, UsageError
-from torchwatch.features import CATALOGUE
+from torchwatch.analysis import expr
+from torchwatch.analysis.features import CATALOGUE
+from torchwatch.model.errors import RuleError, UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib

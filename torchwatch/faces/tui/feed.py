@@ -14,8 +14,8 @@ from pathlib import Path
 
 from textual.message import Message
 
-from torchwatch.tui.messages import LogRead, ReaderFailed, SnapshotRead
-from torchwatch.tui.snapshot import Snapshot
+from torchwatch.faces.tui.messages import LogRead, ReaderFailed, SnapshotRead
+from torchwatch.faces.tui.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

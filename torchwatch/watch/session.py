@@ -16,16 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchwatch import features as feats
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.readings import GpuSample, HookState, Role, SourceStatus, Status
-from torchwatch.rules_engine import Rule
+from torchwatch.analysis import features as feats
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.rules_engine import Rule
+from torchwatch.analysis.store import KEEP_S, Store
+from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
 from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
-from torchwatch.store import KEEP_S, Store
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchwatch.errors import TorchwatchError, UsageError
 from torchwatch.inject import checks, facts
 from torchwatch.inject.checks import Finding
 from torchwatch.inject.facts import Host, PythonVersion
+from torchwatch.model.errors import TorchwatchError, UsageError
 
 SCHEMA = "torchwatch.doctor/1"
 NEEDED = frozenset({"proc", "process"})
@@ -132,7 +132,7 @@ def check_pyspy(binary: str | None, version: str | None, target: PythonVersion |
 
 def check_nvml(status: Any, gpus: Sequence[str]) -> Finding:
     """NVML library, driver and devices, from :class:`~torchwatch.sources.nvml.NvmlSource`'s status."""
-    from torchwatch.readings import Status
+    from torchwatch.model.readings import Status
 
     if status.status is Status.UNAVAILABLE:
         return Finding("warn", "nvml", f"{status.reason}: no GPU readings", status.hint)
@@ -297,7 +297,7 @@ class Machine:
         environ: the environment that decides the hook directory (``TORCHWATCH_DIR``, ``TMPDIR``).
         pyspy: the py-spy binary, ``None`` when not found; pyspy_version runs it.
         nvml: returns NVML's status and the GPU names.
-        attachable: raises :class:`~torchwatch.errors.TorchwatchError` when a PID cannot be watched.
+        attachable: raises :class:`~torchwatch.model.errors.TorchwatchError` when a PID cannot be watched.
         read_self: reads this process through psutil (raises when it cannot).
     """
 
@@ -328,10 +328,10 @@ def run_checks(pid: int | None, m: Machine) -> list[tuple[Finding, bool]]:
     Returns:
         ``[(finding, needed)]`` in print order.
     """
-    from torchwatch import cpus
     from torchwatch.hook import publish
+    from torchwatch.hook.cpus import usable_cpus
     from torchwatch.sources.pyspy import find_pyspy
-    from torchwatch.target import check_attachable
+    from torchwatch.watch.target import check_attachable
 
     host = facts.read_host(m.proc)
     out: list[Finding] = [check_proc(m.proc, m.read_self or _psutil_self), check_ptrace(host)]
@@ -353,7 +353,7 @@ def run_checks(pid: int | None, m: Machine) -> list[tuple[Finding, bool]]:
         affinity = len(os.sched_getaffinity(pid or 0))
     except OSError:
         affinity = os.cpu_count() or 1
-    out.append(check_cpu_quota(affinity, cpus.usable_cpus(pid if pid is not None else "self")))
+    out.append(check_cpu_quota(affinity, usable_cpus(pid if pid is not None else "self")))
     out.append(check_shm(_shm_bytes(m.shm)))
     out.append(check_hook_dir(publish.base_dir(m.environ), os.geteuid()))
     if target is not None:

@@ -18,9 +18,9 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Label, OptionList, Sparkline, Static
 from textual.widgets.option_list import Option
 
-from torchwatch.diagnosis import Analysis, Finding
-from torchwatch.tui import render, views
-from torchwatch.tui.snapshot import BurstView, Snapshot, StepsView
+from torchwatch.analysis.diagnosis import Analysis, Finding
+from torchwatch.faces.tui import render, views
+from torchwatch.faces.tui.snapshot import BurstView, Snapshot, StepsView
 
 CellRow = tuple[str, Sequence[str | Text]]
 _DIGITS = re.compile(r"\d")

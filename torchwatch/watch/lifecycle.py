@@ -1,6 +1,6 @@
 """Starting a training under the guard, and stopping it whatever stops torchwatch.
 
-- :func:`launch` starts COMMAND through :mod:`torchwatch.guard`, so that the training (with its
+- :func:`launch` starts COMMAND through :mod:`torchwatch.watch.guard`, so that the training (with its
   DataLoader workers and anything else it starts) is SIGKILLed within milliseconds if torchwatch
   itself is killed or crashes.
 - :class:`StopSignals` turns SIGINT, SIGTERM and SIGHUP into a request that the watch loop (or the
@@ -46,8 +46,9 @@ from typing import IO, Any, Protocol
 
 import psutil
 
-from torchwatch.errors import TorchwatchError
-from torchwatch.target import catches, check_command, exit_status
+from torchwatch.model.errors import TorchwatchError
+from torchwatch.sources.proc import catches
+from torchwatch.watch.target import check_command, exit_status
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Verdict first: the top panel says what limits the training, how sure, and what t
 below it, tabs show the readings behind it (GPU, processes, stacks, steps, bursts, memory,
 the training's log). The app never calls psutil, NVML or py-spy: a reader thread that it
 starts on mount and joins on unmount reads the session once per refresh and posts a
-:class:`~torchwatch.tui.messages.SnapshotRead`; widgets change only from those messages.
+:class:`~torchwatch.faces.tui.messages.SnapshotRead`; widgets change only from those messages.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Log, OptionList, Static, TabbedContent, TabPane
 
-from torchwatch import report
-from torchwatch.tui import render, views
-from torchwatch.tui.feed import LogTail, Reader
-from torchwatch.tui.messages import LogRead, ReaderFailed, SnapshotRead
-from torchwatch.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
-from torchwatch.tui.snapshot import Snapshot, WatchedSession, read_snapshot
-from torchwatch.tui.widgets import (
+from torchwatch.faces import report
+from torchwatch.faces.tui import render, views
+from torchwatch.faces.tui.feed import LogTail, Reader
+from torchwatch.faces.tui.messages import LogRead, ReaderFailed, SnapshotRead
+from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
+from torchwatch.faces.tui.snapshot import Snapshot, WatchedSession, read_snapshot
+from torchwatch.faces.tui.widgets import (
     BurstPanel,
     FindingsList,
     GpuPanel,
@@ -42,7 +42,7 @@ from torchwatch.tui.widgets import (
 )
 
 if TYPE_CHECKING:
-    from torchwatch.lifecycle import ChildProcess
+    from torchwatch.watch.lifecycle import ChildProcess
 
 STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
 PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log")
@@ -62,7 +62,7 @@ class WatchApp(App[None]):
     """Live view of a watch session.
 
     Args:
-        session: a started :class:`~torchwatch.session.Session` (or an object shaped like one).
+        session: a started :class:`~torchwatch.watch.session.Session` (or an object shaped like one).
         child: the launched command (``run``); ``q`` asks whether to stop it, and
             :attr:`stop_training` tells the caller what the user chose.
         duration: seconds after which the app exits by itself, or ``None``.

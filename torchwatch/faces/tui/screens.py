@@ -13,10 +13,10 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
-from torchwatch.diagnosis import Finding
-from torchwatch.tui import render, views
-from torchwatch.tui.snapshot import Snapshot
-from torchwatch.tui.widgets import StackTable
+from torchwatch.analysis.diagnosis import Finding
+from torchwatch.faces.tui import render, views
+from torchwatch.faces.tui.snapshot import Snapshot
+from torchwatch.faces.tui.widgets import StackTable
 
 
 class EvidenceScreen(Screen[None]):

@@ -1,6 +1,6 @@
 """Classify one Python stack of the training loop's main thread into a phase.
 
-Pure functions over :class:`~torchwatch.readings.Frame` tuples (outermost first). The phases:
+Pure functions over :class:`~torchwatch.model.readings.Frame` tuples (outermost first). The phases:
 
 - ``startup``: importing modules (``<frozen importlib._bootstrap>``); left out of the loop's shares.
 - ``data``: inside a DataLoader iterator's ``__next__`` (or ``__iter__``, which starts workers),
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torchwatch.readings import Frame
+from torchwatch.model.readings import Frame
 
 _DATALOADER = "torch/utils/data/dataloader.py"
 _QUEUE_FILES = (

@@ -13,21 +13,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from torchwatch.diagnosis import Analysis
-from torchwatch.readings import Role, SourceStatus, Status
-from torchwatch.rules_engine import human_bytes
-from torchwatch.store import Store
-from torchwatch.tui import views
+from torchwatch.analysis.diagnosis import Analysis
+from torchwatch.analysis.rules_engine import human_bytes
+from torchwatch.analysis.store import Store
+from torchwatch.faces.tui import views
+from torchwatch.model.readings import Role, SourceStatus, Status
 
 if TYPE_CHECKING:
-    from torchwatch.lifecycle import ChildProcess
+    from torchwatch.watch.lifecycle import ChildProcess
 
 HISTORY_S = 180.0  # seconds of readings behind the sparklines ("the last minutes")
 NO_HOOK = "no hook in the process: start the training with torchwatch run"
 
 
 class WatchedSession(Protocol):
-    """What the TUI needs of a :class:`~torchwatch.session.Session`; the rest it reads with ``getattr``.
+    """What the TUI needs of a :class:`~torchwatch.watch.session.Session`; the rest it reads with ``getattr``.
 
     Optional: ``last_alive``, ``target_gone``, ``ended_at``, ``main_pid``, ``options.window_s``,
     ``tree.root``, ``history``, ``own_usage()``, ``hook_summary()``, ``burst_possible()``,

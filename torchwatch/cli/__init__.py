@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from torchwatch import __version__
-from torchwatch.errors import TorchwatchError, UsageError
+from torchwatch.model.errors import TorchwatchError, UsageError
 
 if TYPE_CHECKING:
-    from torchwatch.lifecycle import StopSignals
+    from torchwatch.watch.lifecycle import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ _duration = _positive("--duration")
 
 
 def _window(text: str) -> float:
-    """``--window``: seconds within the bounds of :data:`torchwatch.session.WINDOW_MIN_S` / ``MAX_S``."""
-    from torchwatch.session import WINDOW_MAX_S, WINDOW_MIN_S
+    """``--window``: seconds within the bounds of :data:`torchwatch.watch.session.WINDOW_MIN_S` / ``MAX_S``."""
+    from torchwatch.watch.session import WINDOW_MAX_S, WINDOW_MIN_S
 
     value = _positive("--window")(text)
     if not WINDOW_MIN_S <= value <= WINDOW_MAX_S:
@@ -311,7 +311,7 @@ def configure_logging(verbose: bool, log_file: Path | None) -> None:
 
 
 def _rules_command(args: argparse.Namespace) -> int:
-    from torchwatch.rules_engine import load_dir, load_rules
+    from torchwatch.analysis.rules_engine import load_dir, load_rules
 
     if args.rules_command == "check":
         found = load_dir(args.dir)
@@ -324,7 +324,7 @@ def _rules_command(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace, stops: StopSignals) -> int:
-    from torchwatch.watch import WatchOptions, attach_pid, run_command
+    from torchwatch.watch.driver import WatchOptions, attach_pid, run_command
 
     opts = WatchOptions.from_args(args)
     if args.command == "run":
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
         exit_by_signal: when a stop signal ended ``run`` or ``attach``, end the process by that
             signal after the report (the console script does; tests calling ``main`` do not).
     """
-    from torchwatch.lifecycle import StopSignals
+    from torchwatch.watch.lifecycle import StopSignals
 
     parser = build_parser()
     stops = StopSignals()
@@ -371,11 +371,11 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
         if args.command == "rules":
             code = _rules_command(args)
         elif args.command == "doctor":
-            from torchwatch.doctor import doctor_command
+            from torchwatch.cli.doctor import doctor_command
 
             code = doctor_command(args.pid, args.json)
         elif args.command == "burst":
-            from torchwatch.bursts import burst_command
+            from torchwatch.watch.bursts import burst_command
 
             code = burst_command(args.pid, args.steps, args.wait, args.json)
         else:

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from torchwatch.readings import (
+from torchwatch.model.readings import (
     GpuSample,
     HookState,
     ProcessSample,

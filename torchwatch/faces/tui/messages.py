@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from torchwatch.tui.snapshot import Snapshot
+from torchwatch.faces.tui.snapshot import Snapshot
 
 
 class SnapshotRead(Message):

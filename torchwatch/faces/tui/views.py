@@ -1,7 +1,7 @@
 """Pure aggregation for the TUI: readings in, rows and series out.
 
 Nothing here imports Textual or touches a source; every function takes readings from a
-:class:`~torchwatch.store.Window` (or plain values) and returns frozen dataclasses that the
+:class:`~torchwatch.analysis.store.Window` (or plain values) and returns frozen dataclasses that the
 widgets draw as they are. Absence stays ``None`` ("n/a" on screen), never 0.
 """
 
@@ -12,8 +12,8 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from torchwatch import stacks
-from torchwatch.readings import Frame, GpuSample, ProcessSample, Role, StackSample, ThreadSample, Wait
+from torchwatch.analysis import stacks
+from torchwatch.model.readings import Frame, GpuSample, ProcessSample, Role, StackSample, ThreadSample, Wait
 
 # One letter per thread state in the processes table (legend under the table).
 WAIT_LETTERS: dict[Wait, str] = {
@@ -200,7 +200,7 @@ class StackRow:
     Attributes:
         who: ``main`` (the training loop's thread) or ``worker`` (DataLoader workers' main threads).
         category: what the samples were counted as: for the loop its phase
-            (:func:`torchwatch.stacks.phase`; in the DataLoader with the part,
+            (:func:`torchwatch.analysis.stacks.phase`; in the DataLoader with the part,
             ``data/queue`` waiting on workers, ``data/fetch`` computing samples itself, ...),
             for workers :func:`worker_category`.
         function / location: the innermost frame outside the standard library and
