@@ -92,7 +92,7 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             reader = HookReader(proc.pid)  # again: the process instance is known once it runs
-            snap = reader.counters() if reader.info() is not None else None
+            snap = reader.counters() if reader.record() is not None else None
             if snap is not None and snap.steps >= 10:
                 break
             time.sleep(0.2)
@@ -104,7 +104,7 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
             ok, msg = reader.request_burst({})
             if not ok:
                 raise SystemExit(f"bench/hook_cost.py: {msg}")
-            s = wait_for_burst(reader, i, 120)
+            s = wait_for_burst(reader, i, 120).to_json()
             after = reader.counters()
             assert after is not None
             steps = [e for e in after.entries if e[0] > before.last_step_t]

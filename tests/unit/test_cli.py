@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 import torchwatch
+from tests.unit.hookrecords import hook_record
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.cli import build_parser, main
 from torchwatch.faces import report
+from torchwatch.hook import wire
 from torchwatch.watch.bursts import wait_for_burst
 from torchwatch.watch.session import Session, SessionOptions
 
@@ -224,17 +226,17 @@ class FakeReader:
         self.reads = 0
         self.done_after = done_after
 
-    def info(self) -> dict[str, Any]:
+    def record(self) -> wire.HookRecord:
         self.reads += 1
         if self.reads < self.done_after:
-            return {"burst": {"state": "running", "count": 0}}
-        return {"burst": {"state": "idle", "count": 1, "last": {"id": 1, "steps": 3}}}
+            return hook_record(self.pid, burst={"state": "running", "count": 0})
+        return hook_record(self.pid, burst={"state": "idle", "count": 1, "last": {"id": 1, "steps": 3}})
 
 
 def test_waiting_for_a_burst_reports_progress() -> None:
     waited: list[float] = []
     summary = wait_for_burst(FakeReader(4), 0, 10.0, poll_s=0.01, on_wait=waited.append)
-    assert summary["id"] == 1
+    assert summary.id == 1 and summary.steps == 3
     assert len(waited) == 3 and waited == sorted(waited) and waited[0] > 0
 
 
@@ -255,7 +257,7 @@ class Stream:
 
 
 def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> None:
-    from torchwatch.watch.bursts import PLAIN_EVERY_S, progress
+    from torchwatch.cli.burst import PLAIN_EVERY_S, progress
 
     stream = Stream(tty=False)
     with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
@@ -270,7 +272,7 @@ def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> Non
 
 
 def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
-    from torchwatch.watch.bursts import progress
+    from torchwatch.cli.burst import progress
 
     stream = Stream(tty=True)
     with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]

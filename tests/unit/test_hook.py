@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.hookrecords import hook_record
 from tests.unit.hookrun import hook_script, result
 from torchwatch.analysis.features import compute
 from torchwatch.analysis.store import Window
@@ -165,10 +166,11 @@ def _reads(n: int, step_s: float, wait_s: float, in_next_at_end: float = 0.0) ->
                 data_wait_s=i * len(steps) * wait_s,
                 in_next_since=(t - in_next_at_end) if (in_next_at_end and i == n - 1) else 0.0,
                 new_steps=steps if i else (),
-                info={
-                    "torch": "2.13",
-                    "amp": {"autocast": True},
-                    "dataloaders": [
+                record=hook_record(
+                    7,
+                    torch="2.13",
+                    amp={"autocast": True},
+                    dataloaders=[
                         {
                             "num_workers": 0,
                             "batch_size": 32,
@@ -178,7 +180,7 @@ def _reads(n: int, step_s: float, wait_s: float, in_next_at_end: float = 0.0) ->
                             "batch_bytes": 4096,
                         }
                     ],
-                },
+                ),
             )
         )
     return out

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchwatch.analysis.rules_engine import Rule, builtin_dir, fill, human_bytes, load_dir, load_rules, parse_rule
+from torchwatch.analysis.rules_engine import Rule, builtin_dir, fill, load_dir, load_rules, parse_rule
 from torchwatch.model.errors import RuleError, UsageError
+from torchwatch.model.units import human_bytes
 
 FUZZ = settings(max_examples=300, deadline=2000, database=None, derandomize=True)
 PATH = "rules/test-rule.toml"

@@ -71,8 +71,8 @@ def test_without_nvml_there_is_no_gpm_source(session: Session) -> None:
 
 def test_own_usage_reports_cpu_and_memory(session: Session) -> None:
     usage = session.own_usage()
-    assert usage["torchwatch_cpu_s"] > 0 and usage["max_rss_bytes"] > 1_000_000
-    assert usage["pyspy_cpu_s"] == 0.0
+    assert usage.torchwatch_cpu_s > 0 and usage.max_rss_bytes > 1_000_000
+    assert usage.pyspy_cpu_s == 0.0
 
 
 def test_store_window_copies_only_the_kinds_asked_for() -> None:

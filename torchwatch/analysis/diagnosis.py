@@ -1,7 +1,7 @@
 """Rules over features → findings → one verdict.
 
-The label follows DESIGN.md's order: the first of gpu-bound, io-bound, dataloader-bound,
-cpu-bound that a warning or critical finding argues for; otherwise ``undetermined``.
+The label follows the order of :data:`torchwatch.model.labels.LABELS`: the first of gpu-bound,
+io-bound, dataloader-bound, cpu-bound that a warning or critical finding argues for; otherwise ``undetermined``.
 
 Confidence (0..1) says how much of the loop's wall time the winning evidence explains and
 how sure the inputs are: ``min(0.95, 0.5 + measure) * coverage * dominance`` where
@@ -24,72 +24,12 @@ from typing import Any
 
 from torchwatch.analysis import expr
 from torchwatch.analysis.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
-from torchwatch.analysis.rules_engine import LABELS, Rule, fill
+from torchwatch.analysis.rules_engine import Rule, fill
 from torchwatch.analysis.workers import io_bound_workers, suggested_workers
+from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
+from torchwatch.model.labels import PRIORITY as _PRIORITY
 
-
-@dataclass(frozen=True)
-class Fix:
-    """A change to make: what (title) and to what, why (detail)."""
-
-    title: str
-    detail: str
-
-    def to_json(self) -> dict[str, str]:
-        """The fix as ``{"title", "detail"}``."""
-        return {"title": self.title, "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A rule that fired: its label, severity, explained share, evidence and fixes."""
-
-    rule: str
-    label: str
-    severity: str
-    summary: str
-    measure: float | None
-    evidence: dict[str, float | None]
-    fixes: tuple[Fix, ...]
-    source: str
-
-    def to_json(self) -> dict[str, Any]:
-        """The finding as in the report contract (evidence rounded to 4 digits)."""
-        return {
-            "rule": self.rule,
-            "label": self.label,
-            "severity": self.severity,
-            "summary": self.summary,
-            "evidence": {k: _round(v) for k, v in self.evidence.items()},
-            "fixes": [f.to_json() for f in self.fixes],
-            "source": self.source,
-        }
-
-
-@dataclass(frozen=True)
-class NotApplicable:
-    """A rule that could not be evaluated: the missing feature and why it is missing."""
-
-    rule: str
-    missing: str
-    why: str
-
-    def to_json(self) -> dict[str, str]:
-        """``{"rule", "missing", "why"}``."""
-        return {"rule": self.rule, "missing": self.missing, "why": self.why}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The label, a confidence 0..1 and one sentence."""
-
-    label: str
-    confidence: float
-    summary: str
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"label", "confidence", "summary"}`` (confidence rounded to 2 digits)."""
-        return {"label": self.label, "confidence": round(self.confidence, 2), "summary": self.summary}
+__all__ = ["Analysis", "Diagnoser", "Finding", "Fix", "NotApplicable", "Verdict", "template_values"]
 
 
 @dataclass
@@ -101,12 +41,6 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     not_applicable: list[NotApplicable] = field(default_factory=list)
     verdict: Verdict = field(default_factory=lambda: Verdict("undetermined", 0.0, "Collecting evidence."))
-
-
-def _round(v: float | None) -> float | None:
-    if v is None or not math.isfinite(v):
-        return None
-    return round(v, 4)
 
 
 def template_values(features: Features) -> dict[str, Any]:
@@ -149,9 +83,6 @@ def _loader_settings(f: Features) -> str:
         parts.append(f"prefetch_factor={'n/a' if prefetch is None else f'{prefetch:.0f}'}")
         parts.append(f"persistent_workers={flag('dl_persistent_workers')}")
     return ", ".join(parts)
-
-
-_PRIORITY = {label: i for i, label in enumerate(LABELS)}  # DESIGN.md order: lower decides first
 
 
 class Diagnoser:

@@ -15,27 +15,15 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 from torchwatch.analysis import stacks
 from torchwatch.analysis.store import Window
-from torchwatch.model.readings import HookState, Role, ThreadSample, Wait
+from torchwatch.model.observation import FeatureSpec
+from torchwatch.model.readings import GpuSample, HookState, Role, ThreadSample, Wait
 
 MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
 MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state shares are None
-
-
-@dataclass(frozen=True)
-class FeatureSpec:
-    """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
-    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``) and source (``py-spy``, ``proc``, ``psutil``, ``psi``,
-    ``diskstats``, ``vmstat``, ``nvml``, ``gpm``, ``hook``, ``burst``)."""
-
-    name: str
-    unit: str
-    source: str
-    doc: str
 
 
 def _specs(*rows: tuple[str, str, str, str]) -> dict[str, FeatureSpec]:
@@ -276,43 +264,89 @@ def _io_kernel(sys_share: float | None, disk_share: float) -> float:
     return 0.0 if sys_share is None else min(sys_share, disk_share)
 
 
-def _thread_features(window: Window, main_pid: int | None) -> Features:
+def _state_shares(samples: Sequence[ThreadSample]) -> dict[str, float]:
+    """Shares of one thread's (or one group's) samples in each state: ``running`` less the kernel
+    time of storage reads, ``disk`` (state D, file reads, plus that kernel time), ``sleep``,
+    ``sync``, ``net``, ``other``. The one math behind the loop's and the workers' state features
+    and the states every face shows."""
+    counts = Counter(th.wait for th in samples)
+    n = len(samples)
+    disk = (counts[Wait.DISK] + counts[Wait.FILE]) / n
+    io_kernel = _io_kernel(_rate(list(samples), "sys_s"), disk)
+    return {
+        "running": max(0.0, counts[Wait.RUNNING] / n - io_kernel),
+        "disk": min(1.0, disk + io_kernel),
+        "sleep": counts[Wait.SLEEP] / n,
+        "sync": counts[Wait.SYNC] / n,
+        "net": counts[Wait.NET] / n,
+        "other": counts[Wait.OTHER] / n,
+    }
+
+
+def _main_threads(
+    window_threads: Iterable[ThreadSample], main_pid: int | None
+) -> tuple[list[ThreadSample], dict[int, list[ThreadSample]]]:
+    """The loop's main-thread samples (of ``main_pid``, or of any main when ``None``) and each
+    DataLoader worker's main-thread samples (the thread that runs the dataset), by worker pid."""
     main: list[ThreadSample] = []
-    # worker pid -> samples of its main thread (the thread that runs the dataset)
     workers: dict[int, list[ThreadSample]] = defaultdict(list)
-    for th in window.threads:
+    for th in window_threads:
         if not th.is_main_thread:
             continue
         if th.role is Role.MAIN and (main_pid is None or th.pid == main_pid):
             main.append(th)
         elif th.role is Role.WORKER:
             workers[th.pid].append(th)
-    counts = Counter(th.wait for th in main)
+    return main, workers
+
+
+def thread_states(
+    window_threads: Iterable[ThreadSample], main_pid: int | None
+) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    """``(state, share)`` of the loop's main thread and of the workers' main threads (each worker
+    weighted by its samples), largest first, states with no sample left out: the shares the
+    state features are made of (:func:`_state_shares`), for the faces.
+
+    Args:
+        window_threads: thread samples of the window.
+        main_pid: the diagnosed training process; ``None`` takes any main.
+    """
+    main, workers = _main_threads(window_threads, main_pid)
+
+    def ordered(shares: dict[str, float]) -> tuple[tuple[str, float], ...]:
+        return tuple(sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1]))
+
+    loop = ordered(_state_shares(main)) if main else ()
+    total = sum(len(s) for s in workers.values())
+    mixed: dict[str, float] = defaultdict(float)
+    for samples in workers.values():
+        for state, share in _state_shares(samples).items():
+            mixed[state] += share * len(samples) / total
+    return loop, ordered(mixed)
+
+
+def _thread_features(window: Window, main_pid: int | None) -> Features:
+    main, workers = _main_threads(window.threads, main_pid)
     n = len(main)
     out: Features = {"thread_samples": float(n)}
     if n >= MIN_THREAD_SAMPLES:
-        sys_share = _rate(main, "sys_s")
-        disk = (counts[Wait.DISK] + counts[Wait.FILE]) / n
-        io_kernel = _io_kernel(sys_share, disk)
-        out["main_sys_share"] = sys_share
+        shares = _state_shares(main)
+        out["main_sys_share"] = _rate(main, "sys_s")
         out["main_runqueue_share"] = _rate(main, "runq_s")
-        out["main_running_share"] = max(0.0, counts[Wait.RUNNING] / n - io_kernel)
-        out["main_disk_share"] = min(1.0, disk + io_kernel)
-        out["main_sleep_share"] = counts[Wait.SLEEP] / n
-        out["main_sync_share"] = counts[Wait.SYNC] / n
-        out["main_net_share"] = counts[Wait.NET] / n
+        out["main_running_share"] = shares["running"]
+        out["main_disk_share"] = shares["disk"]
+        out["main_sleep_share"] = shares["sleep"]
+        out["main_sync_share"] = shares["sync"]
+        out["main_net_share"] = shares["net"]
 
     running = disk_w = other = 0.0
     wn = 0
     for samples in workers.values():
-        c = Counter(th.wait for th in samples)
         k = len(samples)
-        w_disk = (c[Wait.DISK] + c[Wait.FILE]) / k
-        io_kernel = _io_kernel(_rate(samples, "sys_s"), w_disk)
-        # weight each worker by its number of samples
-        running += k * max(0.0, c[Wait.RUNNING] / k - io_kernel)
-        disk_w += k * min(1.0, w_disk + io_kernel)
-        other += k * (c[Wait.SLEEP] + c[Wait.NET]) / k
+        w = _state_shares(samples)  # weight each worker by its number of samples
+        running += k * w["running"]
+        disk_w += k * w["disk"]
+        other += k * (w["sleep"] + w["net"])
         wn += k
     producing = running + disk_w + other
     out["workers_busy_share"] = producing / wn if wn >= MIN_THREAD_SAMPLES else None
@@ -466,6 +500,13 @@ def _disk_tree_share(f: Features) -> Features:
     return {"disk_tree_share": None if tree is None or not disk else tree / disk}
 
 
+def gpus_in_use(gpus: Sequence[GpuSample]) -> list[GpuSample]:
+    """The readings of the GPUs the training uses (a process of the tree holds a context on them),
+    or of every GPU when it uses none yet: the one choice behind every GPU feature and panel."""
+    used = {g.index for g in gpus if g.target_pids}
+    return [g for g in gpus if not used or g.index in used]
+
+
 def _pct_share(values: Iterable[float | None]) -> float | None:
     """Mean of percentages as a share 0..1 (GPM readings can stray a little outside 0..100)."""
     mean = _mean(values)
@@ -478,8 +519,7 @@ def _gpu_features(window: Window) -> Features:
     GPM means are over the samples that carried a GPM reading; a GPU without GPM leaves them ``None``,
     never 0 (its reason is in the sample and in ``sources.gpm``).
     """
-    used = {g.index for g in window.gpus if g.target_pids}
-    samples = [g for g in window.gpus if not used or g.index in used]
+    samples = gpus_in_use(window.gpus)
     ratios = [g.power_w / g.power_limit_w for g in samples if g.power_w is not None and g.power_limit_w]
     mems = [g.mem_used_bytes / g.mem_total_bytes for g in samples if g.mem_used_bytes is not None and g.mem_total_bytes]
     return {
@@ -512,10 +552,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _flag(value: object) -> float | None:
-    return None if value is None else float(bool(value))
-
-
 def _num(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -532,7 +568,6 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
     if not reads:
         return out
     first, last = reads[0], reads[-1]
-    info = last.info
     span = last.t - first.t
     steps = [e for h in reads for e in h.new_steps if window.start <= e[0] <= window.end]
     if span >= 1.0 and last.steps > 0:
@@ -547,38 +582,38 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
 
     if span >= 1.0 and (last.batches > 0 or last.in_next_since):
         out["data_wait_fraction"] = max(0.0, min(1.0, (waited(last) - waited(first)) / span))
-    loaders = info.get("dataloaders") or []
-    if loaders:
-        dl = loaders[0]
-        out["dl_num_workers"] = _num(dl.get("num_workers"))
-        out["dl_batch_size"] = _num(dl.get("batch_size"))
-        out["dl_pin_memory"] = _flag(dl.get("pin_memory"))
-        out["dl_prefetch_factor"] = _num(dl.get("prefetch_factor"))
-        out["dl_persistent_workers"] = _flag(dl.get("persistent_workers"))
-        out["dl_batch_bytes"] = _num(dl.get("batch_bytes"))
-    if info.get("torch"):
-        out["amp_enabled"] = _flag((info.get("amp") or {}).get("autocast"))
-    out["shm_bytes"] = _num(info.get("shm_bytes"))
-    last_burst = (info.get("burst") or {}).get("last") or {}
-    if last_burst and not last_burst.get("error") and last_burst.get("breakdown_share"):
-        share = last_burst["breakdown_share"]
-        started = _num(last_burst.get("started_at"))
-        out["burst_age_s"] = None if started is None else max(0.0, last.t - started)
-        out["burst_dataloader_share"] = _num(share.get("dataloader"))
-        out["burst_cpu_exec_share"] = _num(share.get("cpu_exec"))
-        out["burst_kernel_share"] = _num(share.get("kernel"))
-        out["burst_gpu_idle_share"] = _num(last_burst.get("gpu_idle_share"))
-        out["burst_sync_per_step"] = _num((last_burst.get("sync") or {}).get("calls_per_step"))
-        out["burst_cpu_ops_per_step"] = _num(last_burst.get("cpu_ops_per_step"))
-        out["burst_short_kernel_share"] = _num(last_burst.get("short_kernel_share"))
-        out["burst_kernels_per_step"] = _num(last_burst.get("kernels_per_step"))
-        split = last_burst.get("gpu_idle_split_share") or {}
-        out["burst_host_wait_share"] = _num(split.get("host_wait"))
-        out["burst_kernel_wait_share"] = _num(split.get("kernel_wait"))
-        pageable = last_burst.get("pageable_h2d") or {}
-        out["burst_pageable_h2d_per_step"] = _num(pageable.get("copies_per_step"))
-        out["burst_pageable_h2d_bytes_per_step"] = _num(pageable.get("bytes_per_step"))
-        copy_ms, step_ms = _num(pageable.get("ms_per_step")), _num(last_burst.get("step_time_ms"))
+    rec = last.record
+    if rec is None:
+        return out
+    if rec.dataloaders:
+        dl = rec.dataloaders[0]  # the most-used loader comes first
+        out["dl_num_workers"] = float(dl.num_workers)
+        out["dl_batch_size"] = _num(dl.batch_size)
+        out["dl_pin_memory"] = float(dl.pin_memory)
+        out["dl_prefetch_factor"] = _num(dl.prefetch_factor)
+        out["dl_persistent_workers"] = float(dl.persistent_workers)
+        out["dl_batch_bytes"] = _num(dl.batch_bytes)
+    if rec.torch:
+        out["amp_enabled"] = float(rec.amp.autocast)
+    out["shm_bytes"] = _num(rec.shm_bytes)
+    lb = rec.burst.last if rec.burst is not None else None
+    if lb is not None and lb.error is None and lb.breakdown_share:
+        share = dict(lb.breakdown_share)
+        out["burst_age_s"] = None if lb.started_at is None else max(0.0, last.t - lb.started_at)
+        out["burst_dataloader_share"] = share.get("dataloader")
+        out["burst_cpu_exec_share"] = share.get("cpu_exec")
+        out["burst_kernel_share"] = share.get("kernel")
+        out["burst_gpu_idle_share"] = lb.gpu_idle_share
+        out["burst_sync_per_step"] = lb.sync_calls_per_step
+        out["burst_cpu_ops_per_step"] = lb.cpu_ops_per_step
+        out["burst_short_kernel_share"] = lb.short_kernel_share
+        out["burst_kernels_per_step"] = lb.kernels_per_step
+        split = dict(lb.gpu_idle_split_share)
+        out["burst_host_wait_share"] = split.get("host_wait")
+        out["burst_kernel_wait_share"] = split.get("kernel_wait")
+        out["burst_pageable_h2d_per_step"] = lb.pageable_h2d_copies_per_step
+        out["burst_pageable_h2d_bytes_per_step"] = lb.pageable_h2d_bytes_per_step
+        copy_ms, step_ms = lb.pageable_h2d_ms_per_step, lb.step_time_ms
         out["burst_pageable_h2d_share"] = None if copy_ms is None or not step_ms else min(1.0, copy_ms / step_ms)
     return out
 

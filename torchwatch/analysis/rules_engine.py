@@ -36,13 +36,14 @@ from typing import Any
 from torchwatch.analysis import expr
 from torchwatch.analysis.features import CATALOGUE
 from torchwatch.model.errors import RuleError, UsageError
+from torchwatch.model.labels import LABELS
+from torchwatch.model.units import human_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
-LABELS = ("gpu-bound", "io-bound", "dataloader-bound", "cpu-bound", "undetermined")  # priority order
 SEVERITIES = ("info", "warning", "critical")
 TEMPLATE_VALUES = {
     "suggested_workers": "DataLoader workers to suggest: usable CPUs minus one for the loop",
@@ -123,18 +124,6 @@ def _check_template(template: Any, what: str) -> str:
         except ValueError:
             raise ValueError(f"{what}: bad format spec {spec!r} for a number") from None
     return template
-
-
-def human_bytes(n: float) -> str:
-    """Bytes with binary units, 2-3 significant digits: ``512 B``, ``4.0 KiB``, ``2.0 MiB``, ``21 GiB``."""
-    value, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    if unit == "B":
-        return f"{value:.0f} B"
-    return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
 
 
 def fill(template: str, values: Mapping[str, Any]) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from torchwatch.model.readings import (
     GpuSample,
@@ -16,6 +17,7 @@ from torchwatch.model.readings import (
     ThreadSample,
 )
 
+_R = TypeVar("_R")
 KEEP_S = 300.0  # seconds of readings a Store keeps by default: the longest window a verdict can use
 
 
@@ -92,8 +94,13 @@ class Store:
                     setattr(w, kind, [r for r in buf if start <= r.t <= end])  # type: ignore[attr-defined]
         return w
 
-    def latest(self, kind: type) -> object | None:
-        """The newest reading of type ``kind`` (e.g. :class:`HookState`), or ``None``."""
+    def latest(self, kind: type[_R], where: Callable[[_R], bool] | None = None) -> _R | None:
+        """The newest reading of type ``kind`` (e.g. :class:`HookState`) for which ``where`` holds
+        (any when ``None``), or ``None``."""
         with self._lock:
             buf = self._buffers.get(_KINDS.get(kind, ""))
-            return buf[-1] if buf else None
+            if not buf:
+                return None
+            if where is None:
+                return buf[-1]  # type: ignore[return-value]
+            return next((r for r in reversed(buf) if where(r)), None)  # type: ignore[arg-type, return-value]

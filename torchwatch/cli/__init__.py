@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from torchwatch import __version__
 from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.labels import LABELS
 
 if TYPE_CHECKING:
     from torchwatch.watch.lifecycle import StopSignals
@@ -99,9 +100,6 @@ def _window(text: str) -> float:
             f"{WINDOW_MAX_S:g} s: the readings torchwatch keeps)"
         )
     return value
-
-
-LABELS = ("cpu-bound", "gpu-bound", "io-bound", "dataloader-bound", "undetermined")
 
 
 def _labels(text: str) -> tuple[str, ...]:
@@ -375,7 +373,7 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
 
             code = doctor_command(args.pid, args.json)
         elif args.command == "burst":
-            from torchwatch.watch.bursts import burst_command
+            from torchwatch.cli.burst import burst_command
 
             code = burst_command(args.pid, args.steps, args.wait, args.json)
         else:

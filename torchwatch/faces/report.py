@@ -1,4 +1,8 @@
-"""The final report: JSON (``torchwatch.report/1``, DESIGN.md contract) and text, and the live status line."""
+"""The report: JSON (``torchwatch.report/1``, a contract: keys are added, never renamed) and text.
+
+Both are functions of one :class:`~torchwatch.model.observation.Observation`: :func:`build` makes
+the JSON, :func:`render_text` prints it (so a saved report prints the same).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,18 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from torchwatch.analysis.diagnosis import Analysis
-from torchwatch.analysis.features import CATALOGUE
-from torchwatch.analysis.rules_engine import human_bytes
+from torchwatch.faces.burst import burst_lines
+from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
 from torchwatch.model.errors import TorchwatchError
+from torchwatch.model.findings import Verdict
+from torchwatch.model.observation import Observation
 from torchwatch.model.readings import SourceStatus
+from torchwatch.model.units import amp_words, fmt_ms, fmt_share, fmt_value
 
 SCHEMA = "torchwatch.report/1"
 ENDINGS = {
@@ -34,45 +41,94 @@ def _num(v: float | None) -> float | None:
 
 
 def build(
-    analysis: Analysis,
-    statuses: Mapping[str, SourceStatus],
+    obs: Observation,
     *,
-    pid: int,
-    cmdline: Sequence[str],
-    exit_code: int | None,
-    window_s: float,
-    watched_s: float,
-    history: Sequence[tuple[float, str]] = (),
-    own_usage: Mapping[str, float] | None = None,
-    hook: Mapping[str, Any] | None = None,
     ended_by: str | None = None,
+    exit_code: int | None = None,
+    watched_s: float | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
+
+    Args:
+        obs: the Observation to report (the session's final one, or what the TUI shows).
+        ended_by: what ended the watch, a key of :data:`ENDINGS` (``None``: not ended, or not known).
+        exit_code: the training's exit status when the caller knows it better than ``obs``
+            (``None``: the Observation's).
+        watched_s: seconds watched (``None``: the Observation's ``elapsed_s``).
 
     Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
     ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
     reason?, hint?}}, ``features`` {name: number | null}. Added: ``not_applicable``,
     ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
-    CPU and memory, see :meth:`Session.own_usage`) and ``hook`` (what the in-process hook
-    measured: steps/s, step time, data-wait fraction, DataLoader settings, the last burst's
-    summary; see :meth:`Session.hook_summary`; ``null`` without a hook), and ``ended_by``:
-    what ended the watch (:data:`ENDINGS`; ``null`` when not known).
+    CPU and memory, :class:`~torchwatch.model.observation.SelfUsage`), ``hook`` (what the
+    in-process hook of the focus rank measured, :func:`hook_json`; ``null`` without a hook), and
+    ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known).
     """
+    verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
+    code = exit_code if exit_code is not None else obs.target.exit_code
     return {
         "schema": SCHEMA,
-        "target": {"pid": pid, "cmdline": list(cmdline), "exit_code": exit_code},
+        "target": {"pid": obs.target.pid, "cmdline": list(obs.target.cmdline), "exit_code": code},
         "ended_by": ended_by,
-        "window": {"seconds": float(window_s)},
-        "verdict": analysis.verdict.to_json(),
-        "findings": [f.to_json() for f in analysis.findings],
-        "not_applicable": [n.to_json() for n in analysis.not_applicable],
-        "sources": {name: st.to_json() for name, st in statuses.items()},
-        "features": {k: _num(v) for k, v in analysis.features.items()},
-        "feature_units": {k: spec.unit for k, spec in CATALOGUE.items()},
-        "watched_seconds": round(watched_s, 1),
-        "verdict_history": [{"t": t, "label": label} for t, label in history],
-        "self": dict(own_usage or {}),
-        "hook": _clean(hook) if hook is not None else None,
+        "window": {"seconds": float(obs.window_s)},
+        "verdict": verdict.to_json(),
+        "findings": [f.to_json() for f in obs.findings],
+        "not_applicable": [n.to_json() for n in obs.not_applicable],
+        "sources": {name: st.to_json() for name, st in obs.statuses},
+        "features": {k: _num(v) for k, v in obs.features.items()},
+        "feature_units": {k: spec.unit for k, spec in obs.catalogue.items()},
+        "watched_seconds": round(obs.elapsed_s if watched_s is None else watched_s, 1),
+        "verdict_history": [{"t": h.t, "label": h.label} for h in obs.history],
+        "self": asdict(obs.own_usage),
+        "hook": _clean(hook_json(obs)),
+    }
+
+
+def hook_json(obs: Observation) -> dict[str, Any] | None:
+    """What the hook of the focus rank measured, as the report's ``hook`` object; ``None`` when the
+    session reads no hook, or the hook is still starting and has published nothing.
+
+    Keys: ``status``, ``reason``, ``pid``, ``torch``, ``steps``, ``first_step_after_s`` (seconds from
+    the start of watching to the first optimizer step), ``steps_per_s``, ``step_time_ms`` (``p50``,
+    ``p95``), ``data_wait_fraction``, ``dataloader`` (the most-used loader's settings),
+    ``dataloaders``, ``usable_cpus``, ``shm_bytes``, ``amp``, ``cuda_initialized``, ``signal``,
+    ``signal_owned``, ``burst`` (``state``, ``mode``, ``count``, ``last_refusal``), ``last_burst``
+    (the burst summary, or ``{"id", "error", ...}``), ``errors``; added: ``device_memory``
+    (``allocated_bytes``, ``reserved_bytes``, ``peak_bytes``, ``why``).
+    """
+    rank = obs.focus
+    steps, burst = rank.steps, rank.burst
+    if steps.status is None:
+        return None
+    if steps.pid is None:  # no reading of the hook: only its status
+        return None if steps.status == "starting" else {"status": steps.status, "reason": steps.reason}
+    return {
+        "status": steps.status,
+        "reason": steps.reason,
+        "pid": steps.pid,
+        "torch": steps.torch,
+        "steps": steps.steps,
+        "first_step_after_s": steps.first_step_after_s,
+        "steps_per_s": steps.steps_per_s,
+        "step_time_ms": {"p50": steps.p50_ms, "p95": steps.p95_ms},
+        "data_wait_fraction": steps.data_wait if steps.data_wait_source == "hook" else None,
+        "dataloader": steps.loader.to_json() if steps.loader else None,
+        "dataloaders": [d.to_json() for d in steps.loaders],
+        "usable_cpus": steps.usable_cpus,
+        "shm_bytes": steps.shm_bytes,
+        "amp": steps.amp.to_json() if steps.amp else None,
+        "cuda_initialized": steps.cuda_initialized,
+        "signal": steps.signal,
+        "signal_owned": steps.signal_owned,
+        "burst": {
+            "state": burst.state,
+            "mode": burst.mode,
+            "count": burst.count,
+            "last_refusal": burst.last_refusal.to_json() if burst.last_refusal else None,
+        },
+        "last_burst": burst.last.to_json() if burst.last else None,
+        "errors": list(steps.errors),
+        "device_memory": asdict(rank.device_memory),
     }
 
 
@@ -87,36 +143,17 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def format_value(name: str, value: float | None) -> str:
-    """A feature value with its unit for people: ``62%``, ``1.5 MiB/s``, ``4.0 KiB``, ``0.065 ms``, ``n/a``."""
-    if value is None:
-        return "n/a"
-    unit = CATALOGUE[name].unit if name in CATALOGUE else ""
-    if unit == "share":
-        return f"{value:.0%}"
-    if unit == "%":
-        return f"{value:.0f}%"
-    if unit == "bytes/s":
-        return f"{human_bytes(value)}/s"
-    if unit == "bytes":
-        return human_bytes(value)
-    if unit == "ms":
-        return f"{value:.3g} ms" if abs(value) < 100 else f"{value:.0f} ms"
-    if unit == "steps/s":
-        return f"{value:.2f} steps/s"
-    if unit == "s":
-        return f"{value:.0f} s"
-    if unit == "flag":
-        return "yes" if value else "no"
-    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
-
-
 def _pct(v: Any) -> str:
-    return "n/a" if not isinstance(v, (int, float)) else f"{v:.0%}"
+    return fmt_share(v) if isinstance(v, (int, float)) else "n/a"
+
+
+def _ms(v: Any) -> str:
+    return fmt_ms(v) if isinstance(v, (int, float)) else "n/a"
 
 
 def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
-    """The hook's measurements for people: steps, step time, data wait, settings, AMP, last burst."""
+    """The hook's measurements for people (the report's ``hook`` object): steps, step time, data
+    wait, the DataLoader's settings, AMP, the last burst, the hook's errors."""
     if not hook:
         return []
     if hook.get("status") != "ok" and "steps" not in hook:
@@ -132,71 +169,22 @@ def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
     ]
     dl = hook.get("dataloader")
     if dl:
-        lines.append(
-            f"  DataLoader: num_workers={dl.get('num_workers')}, batch_size={dl.get('batch_size')}, "
-            f"pin_memory={dl.get('pin_memory')}, prefetch_factor={dl.get('prefetch_factor')}, "
-            f"persistent_workers={dl.get('persistent_workers')}; usable CPUs {hook.get('usable_cpus')}"
-        )
+        settings = ", ".join(f"{name}={dl.get(name)}" for name in LOADER_SETTINGS)
+        lines.append(f"  DataLoader: {settings}; usable CPUs {hook.get('usable_cpus')}")
     amp = hook.get("amp") or {}
     if amp:
-        lines.append(
-            "  AMP: "
-            + (
-                f"autocast {amp.get('dtype')} on {amp.get('device_type')}"
-                if amp.get("autocast")
-                else "autocast not seen"
-            )
-            + (", GradScaler" if amp.get("grad_scaler") else "")
+        words = amp_words(
+            bool(amp.get("autocast")), amp.get("dtype"), amp.get("device_type"), bool(amp.get("grad_scaler"))
         )
-    lines += burst_lines(hook.get("last_burst"))
+        lines.append(f"  AMP: {words}")
+    last = hook.get("last_burst")
+    if isinstance(last, Mapping):
+        try:
+            lines += burst_lines(BurstResult.decode(dict(last), "last_burst"))
+        except WireError as exc:
+            lines.append(f"  last burst: unreadable ({exc})")
     for err in hook.get("errors") or []:
         lines.append(f"  hook error: {err}")
-    return lines
-
-
-def _ms(v: Any) -> str:
-    return "n/a" if not isinstance(v, (int, float)) else f"{v:.1f} ms"
-
-
-def burst_lines(burst: Mapping[str, Any] | None) -> list[str]:
-    """A burst summary for people: breakdown, GPU idle, top operators, trace path."""
-    if not burst:
-        return []
-    if burst.get("error"):
-        return [f"  last burst #{burst.get('id')}: failed: {burst['error']}"]
-    share = burst.get("breakdown_share") or {}
-    parts = ", ".join(f"{k} {v:.0%}" for k, v in share.items() if isinstance(v, (int, float)) and v >= 0.005)
-    lines = [
-        f"  last burst #{burst.get('id')}: {burst.get('steps')} steps of {_ms(burst.get('step_time_ms'))}: {parts}",
-    ]
-    if burst.get("gpu_idle_share") is not None:
-        idle = f"    GPU idle {_pct(burst.get('gpu_idle_share'))} of the step"
-        split = burst.get("gpu_idle_split_share") or {}
-        if split:
-            idle += (
-                f": waiting for the host {_pct(split.get('host_wait'))}, "
-                f"between queued kernels {_pct(split.get('kernel_wait'))}, other {_pct(split.get('other'))}"
-            )
-        lines.append(idle)
-    pageable = burst.get("pageable_h2d") or {}
-    copies = pageable.get("copies_per_step")
-    if isinstance(copies, (int, float)) and copies > 0:
-        lines.append(
-            f"    pageable host-to-device copies: {copies:.3g} per step, "
-            f"{human_bytes(float(pageable.get('bytes_per_step') or 0))} per step (pin_memory=True avoids them)"
-        )
-    ops = burst.get("top_cpu_ops") or []
-    if ops:
-        lines.append("    top CPU ops (self): " + ", ".join(f"{o['name']} {o['self_ms']:.1f} ms" for o in ops[:5]))
-    kernels = burst.get("top_kernels") or []
-    if kernels:
-        lines.append("    top kernels: " + ", ".join(f"{k['name'][:40]} {k['total_ms']:.1f} ms" for k in kernels[:5]))
-    if burst.get("trace_path"):
-        lines.append(f"    trace: {burst['trace_path']} (opens in ui.perfetto.dev)")
-        if burst.get("trace_dir"):
-            lines.append(f"    its folder: {burst['trace_dir']} (HolisticTraceAnalysis; TensorBoard: its parent)")
-    elif burst.get("trace_note"):
-        lines.append(f"    trace: {burst['trace_note']}")
     return lines
 
 
@@ -209,6 +197,7 @@ def status_text(name: str, st: SourceStatus) -> str:
 def render_text(report: Mapping[str, Any]) -> str:
     """The report for a terminal: verdict, findings with evidence and fixes, sources."""
     target, verdict = report["target"], report["verdict"]
+    units: Mapping[str, str] = report.get("feature_units") or {}
     cmd = " ".join(target["cmdline"]) or "?"
     exit_part = "" if target["exit_code"] is None else f", exit {target['exit_code']}"
     ended = ENDINGS.get(str(report.get("ended_by")))
@@ -223,7 +212,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("findings:")
     for f in report["findings"]:
         lines.append(f"  [{f['severity']}] {f['rule']} -> {f['label']}: {f['summary']}")
-        ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f["evidence"].items())
+        ev = ", ".join(f"{k}={fmt_value(v, units.get(k, ''))}" for k, v in f["evidence"].items())
         lines.append(f"      evidence: {ev}")
         for fx in f["fixes"]:
             lines.append(f"      fix: {fx['title']}: {fx['detail']}")
@@ -234,28 +223,6 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines += hook_lines(report.get("hook"))
     lines.append(f"sources: {srcs}")
     return "\n".join(lines)
-
-
-def status_line(analysis: Analysis | None, elapsed_s: float) -> str:
-    """One line for ``--headless`` live output on stderr."""
-    if analysis is None:
-        return f"torchwatch [{elapsed_s:4.0f}s] starting"
-    f, v = analysis.features, analysis.verdict
-    parts = [
-        f"torchwatch [{elapsed_s:4.0f}s] {v.label} ({v.confidence:.2f})",
-        f"data wait {format_value('data_wait_share', f.get('data_wait_share'))}",
-        f"loop CPU {format_value('main_running_share', f.get('main_running_share'))}",
-        f"disk wait {format_value('storage_wait_share', f.get('storage_wait_share'))}",
-        f"workers {format_value('worker_count', f.get('worker_count'))}",
-        *([f"{f['hook_steps_per_s']:.2f} steps/s"] if f.get("hook_steps_per_s") is not None else []),
-        f"GPU {format_value('gpu_util_mean', f.get('gpu_util_mean'))}"
-        + (
-            f" (SM {format_value('gpu_sm_active_mean', f['gpu_sm_active_mean'])})"
-            if f.get("gpu_sm_active_mean") is not None
-            else ""
-        ),
-    ]
-    return " | ".join(parts)
 
 
 def dumps(report: Mapping[str, Any]) -> str:

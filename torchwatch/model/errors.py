@@ -1,6 +1,16 @@
-"""The one user-facing error type: a message, a hint and an exit code, printed as one line."""
+"""The one user-facing error type (a message, a hint and an exit code, printed as one line), and the exit codes."""
 
 from __future__ import annotations
+
+EXIT_CANNOT_WATCH = 1  # torchwatch could not watch: bad input, or an internal error while watching
+EXIT_USAGE = 2  # a bad option or value, a malformed rule file
+EXIT_FAIL_ON = 3  # --fail-on matched the final verdict (and the status would otherwise be 0)
+
+
+def shell_status(returncode: int) -> int:
+    """A process's exit status as a shell shows it: a child killed by signal N gives 128+N
+    (``returncode`` as :attr:`subprocess.Popen.returncode`, negative for a signal)."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 class TorchwatchError(Exception):
@@ -12,7 +22,7 @@ class TorchwatchError(Exception):
         exit_code: process exit status; 2 for usage errors, 1 for "cannot watch".
     """
 
-    def __init__(self, message: str, hint: str | None = None, exit_code: int = 1) -> None:
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = EXIT_CANNOT_WATCH) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -30,7 +40,7 @@ class UsageError(TorchwatchError):
     """Bad command line: exit code 2."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint, exit_code=2)
+        super().__init__(message, hint, exit_code=EXIT_USAGE)
 
 
 class RuleError(TorchwatchError):
@@ -41,7 +51,7 @@ class RuleError(TorchwatchError):
         super().__init__(
             f"bad rule file {where}: {problem}",
             "fix the rule file, then check it with 'torchwatch rules check DIR'",
-            exit_code=2,
+            exit_code=EXIT_USAGE,
         )
         self.path = path
         self.line = line

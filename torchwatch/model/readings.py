@@ -8,8 +8,10 @@ also reports a :class:`SourceStatus` so the report can say *why* a value is miss
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from torchwatch.hook.wire import HookRecord
 
 
 class Status(str, enum.Enum):
@@ -249,7 +251,7 @@ class StackSample:
     count: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class HookState:
     """One read of what the in-process hook published (:mod:`torchwatch.hook.publish`).
 
@@ -262,7 +264,8 @@ class HookState:
         in_next_since: start of the ``__next__`` running at ``t`` (0.0: none), monotonic s.
         new_steps: steps that ended since the previous read: ``(end s, duration s, data wait s)``.
         first_step_t: when the first optimizer step ended, monotonic s (0.0: none yet).
-        info: ``hook.json`` (settings, AMP, burst state and results, errors); shared, do not mutate.
+        record: ``hook.json`` as its checked, typed record (settings, AMP, burst state and
+            results, errors); ``None`` in readings made without one (tests).
     """
 
     t: float
@@ -273,4 +276,4 @@ class HookState:
     in_next_since: float
     new_steps: tuple[tuple[float, float, float], ...] = ()
     first_step_t: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
+    record: HookRecord | None = None

@@ -250,8 +250,8 @@ class HookReader:
 
     def read(self, now: float) -> HookState | None:
         """One reading, or ``None`` when the hook has not published (yet) or was refused."""
-        info = self.info()
-        if info is None:
+        rec = self.record()
+        if rec is None:
             return None
         snap = self.counters()
         if snap is None:
@@ -269,7 +269,7 @@ class HookReader:
             in_next_since=snap.in_next_since,
             new_steps=new,
             first_step_t=snap.first_step_t,
-            info=info,
+            record=rec,
         )
 
     # -- bursts -----------------------------------------------------------------------------

@@ -29,7 +29,8 @@ import psutil
 
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.faces import report
-from torchwatch.model.errors import TorchwatchError
+from torchwatch.faces.headless import status_line
+from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.watch.lifecycle import (
     Launched,
     StopSignals,
@@ -39,13 +40,11 @@ from torchwatch.watch.lifecycle import (
     terminal_delivers_interrupts,
 )
 from torchwatch.watch.session import Session, SessionOptions
-from torchwatch.watch.target import check_attachable, check_command, exit_status
+from torchwatch.watch.target import check_attachable, check_command
 
 log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on every label change
-FAIL_ON_EXIT = 3  # --fail-on matched (the command itself succeeded, or torchwatch stopped it)
-ERROR_EXIT = 1  # torchwatch could not watch (bad input, or an internal error while watching)
 
 
 @dataclass
@@ -183,9 +182,9 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
                 cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, own_group=True
             )
     try:
-        session = Session(child.pid, rules, opts.session_options(launched=True))
+        session = Session(child.pid, rules, opts.session_options(launched=True), child=child)
     except psutil.NoSuchProcess:
-        code = exit_status(child.wait() or 0)
+        code = shell_status(child.wait() or 0)
         child.close()
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
         return code
@@ -220,10 +219,10 @@ def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
     if sig is not None:
         return 128 + sig
     if ending.by == "error":
-        return ERROR_EXIT
+        return EXIT_CANNOT_WATCH
     own = ending.code if ending.by == "exit" and ending.code is not None else 0
     if own == 0 and _failed_on(session, opts):
-        return FAIL_ON_EXIT
+        return EXIT_FAIL_ON
     return own
 
 
@@ -234,7 +233,7 @@ def _failed_on(session: Session, opts: WatchOptions) -> bool:
     label = session.final().verdict.label
     if label in opts.fail_on:
         print(
-            f"torchwatch: verdict {label} is in --fail-on ({','.join(opts.fail_on)}): exit {FAIL_ON_EXIT}",
+            f"torchwatch: verdict {label} is in --fail-on ({','.join(opts.fail_on)}): exit {EXIT_FAIL_ON}",
             file=sys.stderr,
         )
         return True
@@ -315,7 +314,7 @@ def _tui(
     if child is None:
         return Ending("exit" if session.target_gone else "duration" if timed_out else "quit")
     if child.poll() is not None:
-        return Ending("exit", exit_status(child.poll() or 0))
+        return Ending("exit", shell_status(child.poll() or 0))
     if app.stop_training:  # "y" at the quit question, or --duration ran out
         return _stop(session, child, stops, "duration" if timed_out else "quit")
     child.leave_running()
@@ -335,16 +334,16 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
         if stops.first is not None:
             return _stopped_by_signal(session, child, stops)
         if child is not None and child.poll() is not None:
-            return Ending("exit", exit_status(child.poll() or 0))
+            return Ending("exit", shell_status(child.poll() or 0))
         if child is None and session.target_gone:
             return Ending("exit")
         if opts.duration is not None and now - start >= opts.duration:
             return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
-        analysis = session.latest
-        label = analysis.verdict.label if analysis else None
+        obs = session.latest_observation
+        label = obs.verdict.label if obs is not None and obs.verdict is not None else None
         if status_ok and (label != last_label or now - last_print >= STATUS_EVERY_S):
             # a closed stderr ends the status lines, not the watch
-            status_ok = _emit(report.status_line(analysis, now - start), sys.stderr, fatal=False)
+            status_ok = _emit(status_line(obs, now - start), sys.stderr, fatal=False)
             last_label, last_print = label, now
         stops.arrived.wait(0.25)
 
@@ -386,23 +385,9 @@ def _write_reports(
 ) -> None:
     """The JSON report first (a file survives a closed terminal), then the end of the training's
     output (TUI) and the text report."""
-    analysis = session.final()
-    pid = child.pid if child is not None else session.tree.root
-    node = session.tree.nodes().get(session.main_pid or pid) or session.tree.nodes().get(pid)
-    cmdline = [str(a) for a in child.args] if child is not None else list(node.cmdline if node else ())
-    data = report.build(
-        analysis,
-        session.statuses(),
-        pid=pid,
-        cmdline=cmdline,
-        exit_code=ending.code,
-        window_s=session.options.window_s,
-        watched_s=watched_s,
-        history=session.history,
-        own_usage=session.own_usage(),
-        hook=session.hook_summary(),
-        ended_by=ending.by,
-    )
+    obs = session.final_observation()
+    pid = obs.target.pid
+    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s)
     text = report.render_text(data)
     if opts.json_path == "-":
         _emit(text, sys.stderr, fatal=False)

@@ -46,9 +46,9 @@ from typing import IO, Any, Protocol
 
 import psutil
 
-from torchwatch.model.errors import TorchwatchError
+from torchwatch.model.errors import TorchwatchError, shell_status
 from torchwatch.sources.proc import catches
-from torchwatch.watch.target import check_command, exit_status
+from torchwatch.watch.target import check_command
 
 log = logging.getLogger(__name__)
 
@@ -426,7 +426,7 @@ def stop_launched(
             child.wait(TERMINATE_GRACE_S)
     stop_leftovers(child, hurry=steps.hurried())
     code = child.poll()
-    return exit_status(code if code is not None else -signal.SIGKILL)
+    return shell_status(code if code is not None else -signal.SIGKILL)
 
 
 def stop_leftovers(child: Launched, hurry: bool = False) -> None:

@@ -1,7 +1,9 @@
 """A watch session: sampler threads feed the store; an analysis thread turns windows into verdicts.
 
-One direction only: sources → store → features → diagnosis → (TUI | report). Neither the TUI
-nor the report calls a source; they read :attr:`Session.latest` and :meth:`Session.statuses`.
+One direction only: sources → store → features → diagnosis → Observation → faces (TUI, report,
+status line). Each analysis tick builds one :class:`~torchwatch.model.observation.Observation`
+(:mod:`torchwatch.watch.observe`); no face calls a source or reads the store: they get
+:meth:`Session.observe` and :meth:`Session.final_observation`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import logging
 import resource
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +21,15 @@ from torchwatch.analysis import features as feats
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store
-from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
+from torchwatch.model.observation import Observation, SelfUsage, TargetView, VerdictChange
+from torchwatch.model.readings import GpuSample, Role, SourceStatus, Status
 from torchwatch.sources import Source
 from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
+from torchwatch.watch.lifecycle import ChildProcess
+from torchwatch.watch.observe import Tick, Trends, observe, target_view
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +73,8 @@ class Session:
         root_pid: the PID that was started (``run``) or named (``attach``).
         rules: loaded rules.
         options: see :class:`SessionOptions`.
-        on_analysis: called from the analysis thread after every evaluation (the TUI posts a
-            message from it; it must not block).
+        child: the launched command (``run``): its command line and exit status go into every
+            Observation; ``None`` for ``attach``.
 
     Raises:
         psutil.NoSuchProcess: ``root_pid`` does not exist.
@@ -81,13 +85,15 @@ class Session:
         root_pid: int,
         rules: list[Rule],
         options: SessionOptions | None = None,
-        on_analysis: Callable[[Analysis], None] | None = None,
+        child: ChildProcess | None = None,
     ) -> None:
         self.options = options or SessionOptions()
         self.tree = ProcessTree(root_pid)
         self.store = Store()
         self.started = time.monotonic()
-        self.on_analysis = on_analysis
+        self.child = child
+        self.trends = Trends()
+        self._observation: Observation | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -179,19 +185,19 @@ class Session:
             out["gpm"] = self.nvml.gpm_status
         return out
 
-    def own_usage(self) -> dict[str, float]:
+    def own_usage(self) -> SelfUsage:
         """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
-        and both together as % of one core."""
+        both together as % of one core, and torchwatch's peak RSS (bytes)."""
         me = resource.getrusage(resource.RUSAGE_SELF)
         own = me.ru_utime + me.ru_stime
         wall = max(1e-9, (self.ended_at or time.monotonic()) - self.started)
-        return {
-            "torchwatch_cpu_s": round(own, 3),
-            "pyspy_cpu_s": round(self.pyspy.cpu_s, 3),
-            "wall_s": round(wall, 2),
-            "cpu_pct_of_core": round(100 * (own + self.pyspy.cpu_s) / wall, 2),
-            "max_rss_bytes": me.ru_maxrss * 1024,
-        }
+        return SelfUsage(
+            torchwatch_cpu_s=round(own, 3),
+            pyspy_cpu_s=round(self.pyspy.cpu_s, 3),
+            wall_s=round(wall, 2),
+            cpu_pct_of_core=round(100 * (own + self.pyspy.cpu_s) / wall, 2),
+            max_rss_bytes=me.ru_maxrss * 1024,
+        )
 
     def why_missing(self, feature: str) -> str:
         """Why ``feature`` has no value: the status of its source, or too few samples."""
@@ -268,6 +274,9 @@ class Session:
             label = analysis.verdict.label
             if not self.history or self.history[-1][1] != label:
                 self.history.append((round(now - self.started, 1), label))
+        observation = self._observe(analysis, now)
+        with self._lock:
+            self._observation = observation
         if self.options.trace_path is not None:
             self._trace(analysis, now)
         return analysis
@@ -293,12 +302,9 @@ class Session:
             if self.ended_at is not None:
                 break
             try:
-                analysis = self.analyze()
+                self.analyze()
             except Exception as exc:
                 self._log_analysis_error(exc)
-                continue
-            if self.on_analysis is not None:
-                self.on_analysis(analysis)
 
     def _log_analysis_error(self, exc: Exception) -> None:
         """Log a failed analysis: the first of each kind as a warning, every one with its traceback
@@ -309,49 +315,61 @@ class Session:
             log.warning("analysis failed (retried every %g s): %s", self.options.analysis_interval_s, key)
         log.debug("analysis failed", exc_info=exc)
 
-    # -- the in-process hook -------------------------------------------------------------
-    def hook_summary(self) -> dict[str, object] | None:
-        """What the hook measured, for the report and the TUI; ``None`` when no hook was ever read.
-
-        Keys: ``status``, ``reason``, ``pid``, ``steps``, ``first_step_after_s`` (seconds from the
-        start of watching to the first optimizer step), ``steps_per_s``, ``step_time_ms``
-        (``p50``, ``p95``), ``data_wait_fraction``, ``dataloader`` (the most-used loader's
-        settings), ``dataloaders``, ``usable_cpus``, ``shm_bytes``, ``amp``, ``signal``,
-        ``signal_owned``, ``burst`` (``state``, ``count``, ``last_refusal``), ``last_burst``
-        (the summary of :mod:`torchwatch.hook.summary`, or ``{"error": ...}``), ``errors``.
-        """
+    # -- the Observation ---------------------------------------------------------------
+    @property
+    def latest_observation(self) -> Observation | None:
+        """The last analysis tick's Observation, ``None`` before the first (costs nothing)."""
         with self._lock:
+            return self._observation
+
+    def observe(self) -> Observation:
+        """The Observation to show now: the last tick's, or, once the analysis has stopped (the
+        target exited) or before its first tick, one built now (exit line, statuses)."""
+        with self._lock:
+            current = self._observation
             analysis = self.last_alive or self.latest
-        last = self.store.latest(HookState)
-        if not isinstance(last, HookState):
-            st = self.hook.status
-            return {"status": st.status.value, "reason": st.reason} if st.status is not Status.STARTING else None
-        info = last.info
-        f = analysis.features if analysis is not None else {}
-        burst = dict(info.get("burst") or {})
-        loaders = info.get("dataloaders") or []
-        return {
-            "status": self.hook.status.status.value,
-            "reason": self.hook.status.reason,
-            "pid": last.pid,
-            "torch": info.get("torch"),
-            "steps": last.steps,
-            "first_step_after_s": round(last.first_step_t - self.started, 2) if last.first_step_t else None,
-            "steps_per_s": f.get("hook_steps_per_s"),
-            "step_time_ms": {"p50": f.get("step_time_p50_ms"), "p95": f.get("step_time_p95_ms")},
-            "data_wait_fraction": f.get("data_wait_fraction"),
-            "dataloader": loaders[0] if loaders else None,
-            "dataloaders": loaders,
-            "usable_cpus": info.get("usable_cpus"),
-            "shm_bytes": info.get("shm_bytes"),
-            "amp": info.get("amp"),
-            "cuda_initialized": info.get("cuda_initialized"),
-            "signal": info.get("signal"),
-            "signal_owned": info.get("signal_owned"),
-            "burst": {k: burst.get(k) for k in ("state", "mode", "count", "last_refusal")},
-            "last_burst": burst.get("last"),
-            "errors": info.get("errors") or [],
-        }
+        if current is not None and self.ended_at is None and not self._child_exited():
+            return current
+        return self._observe(analysis, time.monotonic())
+
+    def final_observation(self) -> Observation:
+        """The Observation the report is made of: the last verdict made while the target ran
+        (see :meth:`final`) over the readings up to its exit."""
+        return self._observe(self.final(), time.monotonic())
+
+    def _child_exited(self) -> bool:
+        return self.child is not None and self.child.poll() is not None
+
+    def _target(self) -> TargetView:
+        root = self.tree.root
+        nodes = self.tree.nodes()
+        node = nodes.get(self.main_pid or root) or nodes.get(root)
+        return target_view(root, node.cmdline if node else (), self.child, self.target_gone)
+
+    def _observe(self, analysis: Analysis | None, now: float) -> Observation:
+        """Build the Observation of ``analysis`` at ``now`` (see :func:`torchwatch.watch.observe.observe`)."""
+        target = self._target()
+        with self._lock:
+            history = tuple(VerdictChange(t, label) for t, label in self.history)
+        try:
+            possible = (False, "the training has exited") if target.exited else self.burst_possible()
+        except Exception as exc:  # a failing check must not cost the tick its Observation
+            possible = (False, f"burst check failed: {exc!r}")
+        tick = Tick(
+            now=now,
+            end=self.ended_at if self.ended_at is not None else now,
+            started=self.started,
+            window_s=self.options.window_s,
+            analysis=analysis,
+            statuses=tuple(self.statuses().items()),
+            focus_pid=self.main_pid,
+            target=target,
+            hook_status=self.hook.status,
+            burst_possible=possible,
+            history=history,
+            own_usage=self.own_usage(),
+        )
+        return observe(self.store, tick, self.trends)
 
     def burst_possible(self) -> tuple[bool, str]:
         """Whether a profiler burst can be asked for now; if not, why (one line)."""

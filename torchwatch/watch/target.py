@@ -102,8 +102,3 @@ def check_command(command: Sequence[str]) -> None:
         raise TorchwatchError(
             f"command not found: {program}", "check the spelling and PATH, e.g. torchwatch run -- python train.py"
         )
-
-
-def exit_status(returncode: int) -> int:
-    """Shell-style exit status: a child killed by signal N gives 128+N."""
-    return 128 - returncode if returncode < 0 else returncode

@@ -2,19 +2,19 @@
 
 Verdict first: the top panel says what limits the training, how sure, and what to change;
 below it, tabs show the readings behind it (GPU, processes, stacks, steps, bursts, memory,
-the training's log). The app never calls psutil, NVML or py-spy: a reader thread that it
-starts on mount and joins on unmount reads the session once per refresh and posts a
-:class:`~torchwatch.faces.tui.messages.SnapshotRead`; widgets change only from those messages.
+the training's log). The app never calls psutil, NVML or py-spy, nor reads the store: a reader
+thread that it starts on mount and joins on unmount gets the session's
+:class:`~torchwatch.model.observation.Observation` once per refresh and posts a
+:class:`~torchwatch.faces.tui.messages.ObservationRead`; widgets change only from those messages.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar, Protocol
 
 from textual import events, work
 from textual.app import App, ComposeResult
@@ -24,11 +24,10 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Log, OptionList, Static, TabbedContent, TabPane
 
 from torchwatch.faces import report
-from torchwatch.faces.tui import render, views
+from torchwatch.faces.tui import render
 from torchwatch.faces.tui.feed import LogTail, Reader
-from torchwatch.faces.tui.messages import LogRead, ReaderFailed, SnapshotRead
+from torchwatch.faces.tui.messages import LogRead, ObservationRead, ReaderFailed
 from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
-from torchwatch.faces.tui.snapshot import Snapshot, WatchedSession, read_snapshot
 from torchwatch.faces.tui.widgets import (
     BurstPanel,
     FindingsList,
@@ -40,9 +39,7 @@ from torchwatch.faces.tui.widgets import (
     VerdictPanel,
     show_text,
 )
-
-if TYPE_CHECKING:
-    from torchwatch.watch.lifecycle import ChildProcess
+from torchwatch.model.observation import Observation
 
 STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
 PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log")
@@ -58,17 +55,48 @@ NAVIGATION_HELP = (
 )
 
 
+class Watched(Protocol):
+    """What the TUI needs of a watch session: the Observation to show, and a way to ask for a burst."""
+
+    def observe(self) -> Observation:
+        """The Observation to show now."""
+        ...
+
+    def request_burst(self) -> tuple[bool, str]:
+        """Ask the focus rank's hook for a profiler burst: ``(sent, message)``."""
+        ...
+
+
+class Child(Protocol):
+    """The launched command as the quit question needs it: its PID and whether it still runs."""
+
+    @property
+    def pid(self) -> int:
+        """PID of the command."""
+        ...
+
+    @property
+    def args(self) -> Sequence[str]:
+        """The command line."""
+        ...
+
+    def poll(self) -> int | None:
+        """The exit status once ended, else ``None``."""
+        ...
+
+
 class WatchApp(App[None]):
     """Live view of a watch session.
 
     Args:
-        session: a started :class:`~torchwatch.watch.session.Session` (or an object shaped like one).
+        watched: what to show: a started :class:`~torchwatch.watch.session.Session`, or any
+            :class:`Watched` (tests build real Observations from recorded readings).
         child: the launched command (``run``); ``q`` asks whether to stop it, and
             :attr:`stop_training` tells the caller what the user chose.
         duration: seconds after which the app exits by itself, or ``None``.
         log_path: the file the training's output goes to (``run``), tailed in the Log panel.
         refresh_s: seconds between two reads of the session (the display's refresh).
-        clock: monotonic clock in seconds; tests freeze it.
+        clock: monotonic clock in seconds (``watched_seconds`` of the ``e`` report); tests freeze it.
         report_dir: directory ``e`` writes the JSON report to (the current directory by default).
         stop_requested: polled every :data:`STOP_POLL_S` s; when it returns ``True`` (torchwatch
             got SIGTERM, SIGHUP or SIGINT) the app exits at once.
@@ -92,13 +120,13 @@ class WatchApp(App[None]):
         Binding("right", "panel(1)", "Next panel", show=False),
         *(Binding(str(i + 1), f"show_panel({i})", f"Show {name}", show=False) for i, name in enumerate(PANELS)),
     ]
-    snapshot: reactive[Snapshot | None] = reactive(None)
+    observation: reactive[Observation | None] = reactive(None)
     paused: reactive[bool] = reactive(False)
 
     def __init__(
         self,
-        session: WatchedSession,
-        child: ChildProcess | None = None,
+        watched: Watched,
+        child: Child | None = None,
         duration: float | None = None,
         *,
         log_path: Path | None = None,
@@ -110,7 +138,7 @@ class WatchApp(App[None]):
         super().__init__()
         self.stop_requested = stop_requested
         self.ended_by = "quit"
-        self.session = session
+        self.watched = watched
         self.child = child
         self.duration = duration
         self.log_path = log_path
@@ -118,10 +146,9 @@ class WatchApp(App[None]):
         self.clock = clock
         self.report_dir = report_dir
         self.stop_training = child is not None
-        self.trends = views.Trends()
         self._started = clock()
         self._reader: Reader | None = None
-        self._pending: Snapshot | None = None
+        self._pending: Observation | None = None
         self._held_lines: deque[str] = deque(maxlen=2000)
 
     # -- layout -------------------------------------------------------------------------------
@@ -155,16 +182,16 @@ class WatchApp(App[None]):
     def on_mount(self) -> None:
         """Draw once, start the reader thread and the duration timer."""
         self._size_classes(self.size.height)
+        self.refresh_view()
         top = self.query_one("#top")
         top.border_title = f"torchwatch · {self._command()}"
         self.query_one("#log-title", Static).update(self._log_title())
-        self.refresh_view()
-        nvml = dict(self.snapshot.statuses).get("nvml") if self.snapshot else None
+        nvml = self.observation.status("nvml") if self.observation else None
         if nvml is None or nvml.status.value != "ok":
             self.query_one(TabbedContent).active = "processes"
         self.query_one(FindingsList).focus()
         self._reader = Reader(
-            self._read, self.post_message, self.refresh_s, LogTail(self.log_path) if self.log_path else None
+            self.watched.observe, self.post_message, self.refresh_s, LogTail(self.log_path) if self.log_path else None
         )
         self._reader.start()
         if self.duration is not None:
@@ -195,11 +222,10 @@ class WatchApp(App[None]):
         self.set_class(height < 30, "-short")
 
     def _command(self) -> str:
+        target = self.observation.target if self.observation else None
         if self.child is not None:
-            args = self.child.args
-            return " ".join(str(a) for a in args) if isinstance(args, (list, tuple)) else str(args)
-        root = getattr(getattr(self.session, "tree", None), "root", None)
-        return f"PID {root}"
+            return " ".join(str(a) for a in self.child.args)
+        return f"PID {target.pid}" if target is not None else "starting"
 
     def _log_title(self) -> str:
         if self.log_path is not None:
@@ -209,22 +235,19 @@ class WatchApp(App[None]):
         return "attach: the training writes to its own terminal; torchwatch cannot show its output"
 
     # -- reading ------------------------------------------------------------------------------
-    def _read(self) -> Snapshot:
-        return read_snapshot(self.session, self.child, self.clock(), self.trends)
-
     def refresh_view(self) -> None:
-        """Read the session now, on this thread, and draw it (first frame; tests)."""
-        self._show(self._read())
+        """Get the Observation now, on this thread, and draw it (first frame; tests)."""
+        self._show(self.watched.observe())
 
-    def on_snapshot_read(self, message: SnapshotRead) -> None:
-        """A new snapshot: draw it, or keep it for later while paused."""
-        self._show(message.snapshot)
+    def on_observation_read(self, message: ObservationRead) -> None:
+        """A new Observation: draw it, or keep it for later while paused."""
+        self._show(message.observation)
 
-    def _show(self, snap: Snapshot) -> None:
+    def _show(self, obs: Observation) -> None:
         if self.paused:
-            self._pending = snap
+            self._pending = obs
         else:
-            self.snapshot = snap
+            self.observation = obs
 
     def on_log_read(self, message: LogRead) -> None:
         """New lines of the training's output (held while paused)."""
@@ -237,50 +260,50 @@ class WatchApp(App[None]):
         """Say that reading failed; the reader keeps trying."""
         self.notify(message.error, severity="error", timeout=10)
 
-    def watch_snapshot(self, old: Snapshot | None, snap: Snapshot | None) -> None:
-        """Hand the verdict, the findings and the shown panel their part of the snapshot
+    def watch_observation(self, old: Observation | None, obs: Observation | None) -> None:
+        """Hand the verdict, the findings and the shown panel their part of the Observation
         (unchanged parts do not redraw; hidden panels catch up when shown)."""
-        if snap is None:
+        if obs is None:
             return
-        self.query_one(VerdictPanel).snapshot = snap
-        self.query_one(FindingsList).analysis = snap.analysis
-        self._fill_panel(self.query_one(TabbedContent).active, snap)
-        show_text(self.query_one("#sources", Static), render.sources_text(snap.statuses))
+        self.query_one(VerdictPanel).observation = obs
+        self.query_one(FindingsList).observation = obs
+        self._fill_panel(self.query_one(TabbedContent).active, obs)
+        show_text(self.query_one("#sources", Static), render.sources_text(obs.statuses))
         if isinstance(self.screen, EvidenceScreen):
-            self.screen.snapshot = snap
-        if old is None or old.burst.possible != snap.burst.possible:
+            self.screen.observation = obs
+        if old is None or old.focus.burst.possible != obs.focus.burst.possible:
             self.refresh_bindings()
 
-    def _fill_panel(self, panel: str, snap: Snapshot) -> None:
+    def _fill_panel(self, panel: str, obs: Observation) -> None:
         if panel == "gpu":
-            self.query_one(GpuPanel).show(snap.gpus, snap.gpu_note)
+            self.query_one(GpuPanel).show(obs.gpus, obs.gpu_note)
         elif panel == "processes":
-            self.query_one(ProcessTable).processes = snap.processes
+            self.query_one(ProcessTable).processes = obs.processes
         elif panel == "stacks":
-            self.query_one(StackTable).stack_rows = snap.stacks
+            self.query_one(StackTable).stack_rows = obs.focus.stacks
         elif panel == "steps":
-            self.query_one(StepsPanel).steps = snap.steps
+            self.query_one(StepsPanel).observation = obs
         elif panel == "burst":
-            self.query_one(BurstPanel).burst = snap.burst
+            self.query_one(BurstPanel).burst = obs.focus.burst
         elif panel == "memory":
-            self.query_one(MemoryPanel).snapshot = (snap.memory, snap.allocator)
+            self.query_one(MemoryPanel).observation = obs
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        """A panel comes into view: draw it from the latest snapshot."""
-        if self.snapshot is not None and event.pane.id:
-            self._fill_panel(event.pane.id, self.snapshot)
+        """A panel comes into view: draw it from the latest Observation."""
+        if self.observation is not None and event.pane.id:
+            self._fill_panel(event.pane.id, self.observation)
 
     # -- keys ---------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``b`` is greyed out in the footer while a burst cannot be asked for."""
         if action == "burst":
-            return True if self.snapshot is not None and self.snapshot.burst.possible else None
+            return True if self.observation is not None and self.observation.focus.burst.possible else None
         return True
 
     def on_key(self, event: events.Key) -> None:
         """A greyed-out ``b`` still answers: it says why no burst can be taken."""
         if event.key == "b" and self.check_action("burst", ()) is None:
-            reason = self.snapshot.burst.reason if self.snapshot else "no reading yet"
+            reason = self.observation.focus.burst.reason if self.observation else "no reading yet"
             self.notify(f"burst unavailable: {reason}", severity="warning")
 
     def action_burst(self) -> None:
@@ -290,9 +313,8 @@ class WatchApp(App[None]):
 
     @work(thread=True, exclusive=True, group="burst")
     def _request_burst(self) -> None:
-        request = getattr(self.session, "request_burst", None)
         try:
-            ok, message = request() if callable(request) else (False, "this session cannot take bursts")
+            ok, message = self.watched.request_burst()
         except Exception as exc:
             ok, message = False, f"burst request failed: {exc!r}"
         self.call_from_thread(self.notify, message, severity="information" if ok else "error")
@@ -308,62 +330,28 @@ class WatchApp(App[None]):
         top.set_class(paused, "-paused")
         if not paused:
             if self._pending is not None:
-                self.snapshot, self._pending = self._pending, None
+                self.observation, self._pending = self._pending, None
             if self._held_lines:
                 self.query_one(Log).write_lines(list(self._held_lines))
                 self._held_lines.clear()
 
     def action_export(self) -> None:
         """Write the JSON report of what is on screen."""
-        if self.snapshot is None or self.snapshot.analysis is None:
+        if self.observation is None or self.observation.verdict is None:
             self.notify("no verdict yet: nothing to report", severity="warning")
             return
-        self._export(self.snapshot)
+        self._export(self.observation)
 
     @work(thread=True, group="export")
-    def _export(self, snap: Snapshot) -> None:
-        pid = self.child.pid if self.child is not None else getattr(getattr(self.session, "tree", None), "root", 0)
-        path = (self.report_dir or Path.cwd()) / report.default_name(pid)
+    def _export(self, obs: Observation) -> None:
+        path = (self.report_dir or Path.cwd()) / report.default_name(obs.target.pid)
         try:
-            extra: dict[str, Any] = {}
-            hook_summary = getattr(self.session, "hook_summary", None)
-            if callable(hook_summary) and "hook" in inspect.signature(report.build).parameters:
-                extra["hook"] = hook_summary()
-            data = report.build(
-                snap.analysis,  # type: ignore[arg-type]
-                dict(snap.statuses),
-                pid=pid,
-                cmdline=self._cmdline(pid),
-                exit_code=snap.exit_code,
-                window_s=snap.window_s,
-                watched_s=self.clock() - self._started,
-                history=list(getattr(self.session, "history", ())),
-                own_usage=self._own_usage(),
-                **extra,
-            )
+            data = report.build(obs, watched_s=self.clock() - self._started)
             report.write_atomic(path, report.dumps(data) + "\n")
         except Exception as exc:  # the report must never take the app down
             self.call_from_thread(self.notify, f"cannot write the report: {exc}", severity="error")
             return
         self.call_from_thread(self.notify, f"report written to {path}")
-
-    def _cmdline(self, pid: int) -> list[str]:
-        if self.child is not None:
-            args = self.child.args
-            return [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
-        tree = getattr(self.session, "tree", None)
-        try:
-            node = tree.nodes().get(pid) if tree is not None else None
-        except Exception:
-            node = None
-        return list(node.cmdline) if node is not None else []
-
-    def _own_usage(self) -> dict[str, float]:
-        usage = getattr(self.session, "own_usage", None)
-        try:
-            return dict(usage()) if callable(usage) else {}
-        except Exception:
-            return {}
 
     def action_help(self) -> None:
         """Show every key binding."""
@@ -401,8 +389,8 @@ class WatchApp(App[None]):
     # -- drill-down ---------------------------------------------------------------------------
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         """Enter on a finding: its evidence."""
-        if isinstance(event.option_list, FindingsList) and event.option.id and self.snapshot is not None:
-            self.push_screen(EvidenceScreen(event.option.id, self.snapshot))
+        if isinstance(event.option_list, FindingsList) and event.option.id and self.observation is not None:
+            self.push_screen(EvidenceScreen(event.option.id, self.observation))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a stack row: the whole stack."""

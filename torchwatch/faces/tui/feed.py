@@ -1,7 +1,7 @@
-"""The app's reader thread: reads the session and the training's log, posts messages.
+"""The app's reader thread: gets the session's Observation and the training's log, posts messages.
 
-It runs beside the session's samplers and is the only thread of the TUI that reads the
-session; widgets change only when the app receives its messages (memray's ``UpdateThread``).
+It runs beside the session's samplers and is the only thread of the TUI that asks the session
+for anything; widgets change only when the app receives its messages (memray's ``UpdateThread``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from textual.message import Message
 
-from torchwatch.faces.tui.messages import LogRead, ReaderFailed, SnapshotRead
-from torchwatch.faces.tui.snapshot import Snapshot
+from torchwatch.faces.tui.messages import LogRead, ObservationRead, ReaderFailed
+from torchwatch.model.observation import Observation
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,10 @@ class LogTail:
 
 
 class Reader(threading.Thread):
-    """Every ``interval`` s: read a snapshot and new log lines, post them to the app.
+    """Every ``interval`` s: get an Observation and new log lines, post them to the app.
 
     Args:
-        read: builds a :class:`Snapshot` (blocking reads are fine: this is a plain thread).
+        read: returns the :class:`Observation` to show (blocking is fine: this is a plain thread).
         post: the app's ``post_message`` (thread-safe).
         interval: seconds between two reads (the refresh period).
         log: the training's log to tail, or ``None``.
@@ -82,7 +82,7 @@ class Reader(threading.Thread):
 
     def __init__(
         self,
-        read: Callable[[], Snapshot],
+        read: Callable[[], Observation],
         post: Callable[[Message], bool],
         interval: float,
         log: LogTail | None = None,
@@ -101,9 +101,9 @@ class Reader(threading.Thread):
             self.read_once()
 
     def read_once(self) -> None:
-        """One round: a snapshot, then the log's new lines."""
+        """One round: an Observation, then the log's new lines."""
         try:
-            self._post(SnapshotRead(self._read()))
+            self._post(ObservationRead(self._read()))
             self._failed = False
         except Exception as exc:
             if not self._failed:

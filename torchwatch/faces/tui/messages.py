@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from torchwatch.faces.tui.snapshot import Snapshot
+from torchwatch.model.observation import Observation
 
 
-class SnapshotRead(Message):
-    """The reader thread read a new :class:`Snapshot` from the session.
+class ObservationRead(Message):
+    """The reader thread got a new :class:`Observation` from the session.
 
     Only the newest matters: a queued one is replaced by the next (``can_replace``), so a
     busy UI never works through a backlog.
     """
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, observation: Observation) -> None:
         super().__init__()
-        self.snapshot = snapshot
+        self.observation = observation
 
     def can_replace(self, message: Message) -> bool:
-        """A newer snapshot replaces an older one still in the queue."""
-        return isinstance(message, SnapshotRead)
+        """A newer observation replaces an older one still in the queue."""
+        return isinstance(message, ObservationRead)
 
 
 class LogRead(Message):

@@ -13,10 +13,11 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
-from torchwatch.analysis.diagnosis import Finding
 from torchwatch.faces.tui import render, views
-from torchwatch.faces.tui.snapshot import Snapshot
 from torchwatch.faces.tui.widgets import StackTable
+from torchwatch.model.findings import Finding
+from torchwatch.model.observation import Observation, StackRow
+from torchwatch.model.units import fmt_share
 
 
 class EvidenceScreen(Screen[None]):
@@ -24,19 +25,19 @@ class EvidenceScreen(Screen[None]):
 
     Args:
         rule: the finding's rule id.
-        snapshot: the snapshot the finding was chosen in.
+        observation: the Observation the finding was chosen in.
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Back"),
         Binding("backspace", "dismiss", "Back", show=False),
     ]
-    snapshot: reactive[Snapshot | None] = reactive(None)
+    observation: reactive[Observation | None] = reactive(None)
 
-    def __init__(self, rule: str, snapshot: Snapshot) -> None:
+    def __init__(self, rule: str, observation: Observation) -> None:
         super().__init__()
         self.rule = rule
-        self._initial = snapshot
+        self._initial = observation
         self._finding: Finding | None = None
 
     def compose(self) -> ComposeResult:
@@ -52,17 +53,17 @@ class EvidenceScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        """Draw the snapshot the finding was chosen in, from the top (tab reaches the stack table)."""
+        """Draw the Observation the finding was chosen in, from the top (tab reaches the stack table)."""
         box = self.query_one("#evidence")
         box.border_title = f"evidence · {self.rule}"
-        self.snapshot = self._initial
+        self.observation = self._initial
         box.focus()
 
-    def watch_snapshot(self, snap: Snapshot | None) -> None:
-        """Redraw from a new snapshot; a finding that stopped firing stays, marked so."""
-        if snap is None or not self.query("#ev-head"):
+    def watch_observation(self, obs: Observation | None) -> None:
+        """Redraw from a new Observation; a finding that stopped firing stays, marked so."""
+        if obs is None or not self.query("#ev-head"):
             return
-        found = next((f for f in snap.analysis.findings if f.rule == self.rule), None) if snap.analysis else None
+        found = next((f for f in obs.findings if f.rule == self.rule), None)
         self._finding = found or self._finding
         finding = self._finding
         if finding is None:
@@ -71,18 +72,18 @@ class EvidenceScreen(Screen[None]):
         if found is None:
             head.append("\n(no longer firing: showing its last evidence)", style="bold yellow")
         self.query_one("#ev-head", Static).update(head)
-        features = snap.analysis.features if snap.analysis else {}
-        self.query_one("#ev-table", Static).update(render.evidence_table(finding, features))
+        rank = obs.focus
+        self.query_one("#ev-table", Static).update(render.evidence_table(finding, obs))
         self.query_one("#ev-fixes", Static).update(render.fixes_text(finding))
-        states = render.states_text("loop thread (/proc, 10 Hz)", snap.main_states)
-        states.append("\n").append_text(render.states_text("workers' main threads", snap.worker_states))
-        states.append("\n").append_text(render.readings_text(snap, finding.evidence))
+        states = render.states_text("loop thread (/proc, 10 Hz)", rank.main_states)
+        states.append("\n").append_text(render.states_text("workers' main threads", rank.worker_states))
+        states.append("\n").append_text(render.readings_text(obs, finding.evidence))
         self.query_one("#ev-states", Static).update(states)
-        rows = views.rows_behind(snap.stacks, list(finding.evidence))
+        rows = views.rows_behind(rank.stacks, list(finding.evidence))
         phases = views.phases_for(finding.evidence)
         where = "all phases" if phases is None else "phases " + ", ".join(sorted(phases))
         self.query_one("#ev-stacks-title", Label).update(
-            f"stack samples behind it (py-spy, last {snap.window_s:g} s, {where}); tab, then arrows: a stack"
+            f"stack samples behind it (py-spy, last {obs.window_s:g} s, {where}); tab, then arrows: a stack"
         )
         self.query_one(StackTable).stack_rows = tuple(rows)
 
@@ -109,7 +110,7 @@ class StackScreen(ModalScreen[None]):
         Binding("enter", "close", "Close", show=False),
     ]
 
-    def __init__(self, row: views.StackRow) -> None:
+    def __init__(self, row: StackRow) -> None:
         super().__init__()
         self.row = row
 
@@ -120,7 +121,7 @@ class StackScreen(ModalScreen[None]):
             yield Static(
                 Text.assemble(
                     (f"{r.who} thread · {r.category} · ", "bold"),
-                    f"{views.fmt_share(r.share)} of its samples ({r.samples})\n",
+                    f"{fmt_share(r.share)} of its samples ({r.samples})\n",
                 )
             )
             yield Static(render.frames_text(r.frames))

@@ -1,4 +1,4 @@
-"""Thin widgets: each holds its slice of a snapshot in a reactive and draws it with :mod:`render`.
+"""Thin widgets: each holds its slice of an Observation in a reactive and draws it with :mod:`render`.
 
 A reactive only redraws when its value changes, so an unchanged panel costs nothing per refresh.
 """
@@ -18,9 +18,10 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Label, OptionList, Sparkline, Static
 from textual.widgets.option_list import Option
 
-from torchwatch.analysis.diagnosis import Analysis, Finding
 from torchwatch.faces.tui import render, views
-from torchwatch.faces.tui.snapshot import BurstView, Snapshot, StepsView
+from torchwatch.model.findings import Finding
+from torchwatch.model.observation import BurstView, GpuRow, Observation, ProcessRow, StackRow
+from torchwatch.model.units import fmt_bytes, fmt_mib_per_s, fmt_pct, fmt_share, series_range
 
 CellRow = tuple[str, Sequence[str | Text]]
 _DIGITS = re.compile(r"\d")
@@ -73,9 +74,10 @@ class Trend(Horizontal):
 
     data: reactive[tuple[float, ...]] = reactive(())
 
-    def __init__(self, label: str, *, id: str | None = None) -> None:
+    def __init__(self, label: str, *, unit: str = "", id: str | None = None) -> None:
         super().__init__(id=id, classes="trend")
         self._label = label
+        self._unit = unit
 
     def compose(self) -> ComposeResult:
         """Label on the left, sparkline filling the rest."""
@@ -95,19 +97,19 @@ class Trend(Horizontal):
         if line.display != enough:
             line.display = enough
         line.data = list(data) if enough else []
-        label = self._label + (f"\n{render.series_range(data)}" if enough else "  (collecting)")
+        label = self._label + (f"\n{series_range(data, self._unit)}" if enough else "  (collecting)")
         show_text(self.query_one(Label), Text(label))
 
 
 class VerdictPanel(Static):
     """Label, confidence, summary, vital numbers and the exit line."""
 
-    snapshot: reactive[Snapshot | None] = reactive(None)
+    observation: reactive[Observation | None] = reactive(None)
 
-    def watch_snapshot(self, snap: Snapshot | None) -> None:
+    def watch_observation(self, obs: Observation | None) -> None:
         """Redraw, and colour the panel by label."""
-        show_text(self, render.verdict_text(snap))
-        label = snap.analysis.verdict.label if snap and snap.analysis else ""
+        show_text(self, render.verdict_text(obs))
+        label = obs.verdict.label if obs and obs.verdict else ""
         self.set_classes(label)
 
 
@@ -115,23 +117,23 @@ class FindingsList(OptionList):
     """The findings, most important first; enter opens the evidence behind one."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select", "Evidence")]
-    analysis: reactive[Analysis | None] = reactive(None)
+    observation: reactive[Observation | None] = reactive(None)
 
-    def watch_analysis(self, analysis: Analysis | None) -> None:
+    def watch_observation(self, obs: Observation | None) -> None:
         """Rebuild the options, keeping the highlighted finding."""
         keep = self.highlighted
         self.clear_options()
-        findings = analysis.findings if analysis else []
-        if not findings:
-            self.add_option(Option(Text(render.exit_or_starting(analysis), style="dim"), disabled=True))
+        findings = obs.findings if obs else ()
+        if obs is None or not findings:
+            self.add_option(Option(Text(render.exit_or_starting(obs), style="dim"), disabled=True))
             return
-        summary = analysis.verdict.summary if analysis else None
-        self.add_options(Option(render.finding_text(f, summary), id=f.rule) for f in findings)
+        summary = obs.verdict.summary if obs.verdict else None
+        self.add_options(Option(render.finding_text(f, obs.catalogue, summary), id=f.rule) for f in findings)
         self.highlighted = keep if keep is not None and keep < len(findings) else 0
 
     def finding(self, rule: str | None) -> Finding | None:
-        """The finding of rule id ``rule`` in the current analysis."""
-        for f in self.analysis.findings if self.analysis else []:
+        """The finding of rule id ``rule`` in the current observation."""
+        for f in self.observation.findings if self.observation else ():
             if f.rule == rule:
                 return f
         return None
@@ -140,7 +142,7 @@ class FindingsList(OptionList):
 class GpuCardView(Vertical):
     """One GPU: its numbers and its utilization, GPM SM activity (when read) and memory trends."""
 
-    card: reactive[views.GpuCard | None] = reactive(None)
+    card: reactive[GpuRow | None] = reactive(None)
 
     def on_mount(self) -> None:
         """Draw a card set before the children existed."""
@@ -151,9 +153,9 @@ class GpuCardView(Vertical):
         yield Static(classes="gpu-text")
         yield Trend("util %")
         yield Trend("SM active %")
-        yield Trend("memory")
+        yield Trend("memory", unit="bytes")
 
-    def watch_card(self, card: views.GpuCard | None) -> None:
+    def watch_card(self, card: GpuRow | None) -> None:
         """Redraw the numbers and the trends."""
         if card is None or not self.children:
             return
@@ -170,7 +172,7 @@ class GpuPanel(VerticalScroll):
         """The note; cards are mounted as GPUs appear."""
         yield Static(id="gpu-note")
 
-    def show(self, cards: Sequence[views.GpuCard], note: str | None) -> None:
+    def show(self, cards: Sequence[GpuRow], note: str | None) -> None:
         """Mount a card per GPU index (once), update them, or show the note."""
         show_text(self.query_one("#gpu-note", Static), Text(note or "", style="dim"))
         self.query_one("#gpu-note").display = bool(note)
@@ -189,9 +191,9 @@ class ProcessTable(DataTable[str | Text]):
     """Main process, DataLoader workers and the rest of the tree; ``s`` cycles the sort."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("s", "cycle_sort", "Sort")]
-    processes: reactive[tuple[views.ProcessRow, ...]] = reactive(())
+    processes: reactive[tuple[ProcessRow, ...]] = reactive(())
     sort_key: reactive[str] = reactive("cpu")
-    HEADERS: ClassVar[dict[str, str]] = {"pid": "PID", "cpu": "CPU %", "rss": "RSS", "read": "read MB/s"}
+    HEADERS: ClassVar[dict[str, str]] = {"pid": "PID", "cpu": "CPU %", "rss": "RSS", "read": "read MiB/s"}
 
     def on_mount(self) -> None:
         """Columns, row cursor."""
@@ -202,7 +204,7 @@ class ProcessTable(DataTable[str | Text]):
             ("role", "role"),
             ("cpu", "CPU %"),
             ("rss", "RSS"),
-            ("read", "read MB/s"),
+            ("read", "read MiB/s"),
             ("threads", "threads"),
             ("name", "name"),
         ):
@@ -241,9 +243,9 @@ class ProcessTable(DataTable[str | Text]):
                     (
                         str(r.pid),
                         r.role,
-                        Text(views.fmt_pct(r.cpu_pct), justify="right"),
-                        Text(views.fmt_bytes(r.rss_bytes), justify="right"),
-                        Text(views.fmt_rate(r.read_bytes_per_s), justify="right"),
+                        Text(fmt_pct(r.cpu_pct), justify="right"),
+                        Text(fmt_bytes(r.rss_bytes), justify="right"),
+                        Text(fmt_mib_per_s(r.read_bytes_per_s), justify="right"),
                         r.threads,
                         r.name,
                     ),
@@ -257,7 +259,7 @@ class StackTable(DataTable[str | Text]):
     """Hottest frames of the loop and the workers; enter shows the whole stack."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "select_cursor", "Stack")]
-    stack_rows: reactive[tuple[views.StackRow, ...]] = reactive(())
+    stack_rows: reactive[tuple[StackRow, ...]] = reactive(())
 
     def on_mount(self) -> None:
         """Columns, row cursor."""
@@ -277,7 +279,7 @@ class StackTable(DataTable[str | Text]):
                 (
                     row_key(r),
                     (
-                        Text(views.fmt_share(r.share), justify="right"),
+                        Text(fmt_share(r.share), justify="right"),
                         r.who,
                         r.category,
                         views.ellipsize(r.function, 28),
@@ -289,12 +291,12 @@ class StackTable(DataTable[str | Text]):
             ),
         )
 
-    def row(self, key: str | None) -> views.StackRow | None:
+    def row(self, key: str | None) -> StackRow | None:
         """The stack row with this key."""
         return next((r for r in self.stack_rows if row_key(r) == key), None)
 
 
-def row_key(r: views.StackRow) -> str:
+def row_key(r: StackRow) -> str:
     """A stable key of a stack row across refreshes."""
     return f"{r.who}|{r.category}|{r.function}|{r.location}"
 
@@ -302,11 +304,11 @@ def row_key(r: views.StackRow) -> str:
 class StepsPanel(VerticalScroll):
     """Steps/s, step time, data wait and the DataLoader settings (needs the hook)."""
 
-    steps: reactive[StepsView | None] = reactive(None)
+    observation: reactive[Observation | None] = reactive(None)
 
     def on_mount(self) -> None:
         """Draw what was set before the children existed."""
-        self.watch_steps(self.steps)
+        self.watch_observation(self.observation)
 
     def compose(self) -> ComposeResult:
         """Numbers, then the steps/s and data-wait trends."""
@@ -314,11 +316,12 @@ class StepsPanel(VerticalScroll):
         yield Trend("steps/s", id="steps-rate")
         yield Trend("data wait %", id="steps-wait")
 
-    def watch_steps(self, steps: StepsView | None) -> None:
+    def watch_observation(self, obs: Observation | None) -> None:
         """Redraw numbers and trends."""
-        if steps is None or not self.children:
+        if obs is None or not self.children:
             return
-        show_text(self.query_one("#steps-text", Static), render.steps_text(steps))
+        steps = obs.focus.steps
+        show_text(self.query_one("#steps-text", Static), render.steps_text(obs))
         self.query_one("#steps-rate", Trend).data = steps.steps_series
         self.query_one("#steps-wait", Trend).data = steps.wait_series
 
@@ -358,45 +361,42 @@ class BurstPanel(VerticalScroll):
         if burst is None or not self.children:
             return
         show_text(self.query_one("#burst-text", Static), render.burst_text(burst))
-        last = burst.last
+        last = burst.last if not burst.error else None
         for widget in self.query(".table-title, DataTable, BreakdownBar"):
             widget.display = last is not None
         if last is None:
             return
-        self.query_one(BreakdownBar).shares = last.breakdown
-        for table_id, rows in (("#burst-ops", last.top_ops), ("#burst-kernels", last.top_kernels)):
+        self.query_one(BreakdownBar).shares = last.breakdown_share
+        for table_id, rows in (("#burst-ops", last.top_cpu_ops), ("#burst-kernels", last.top_kernels)):
             table: DataTable[str | Text] = self.query_one(table_id, DataTable)
             table.clear()
-            for name, ms, calls in rows:
-                table.add_row(
-                    name,
-                    Text("n/a" if ms is None else f"{ms:.2f}", justify="right"),
-                    Text("n/a" if calls is None else str(calls), justify="right"),
-                )
+            for op in rows:
+                table.add_row(op.name, Text(f"{op.ms:.2f}", justify="right"), Text(str(op.calls), justify="right"))
 
 
 class MemoryPanel(VerticalScroll):
-    """Host RSS of the tree and device memory, with their trends."""
+    """Host RSS of the tree and device memory (NVML, and the focus rank's allocator), with their trends."""
 
-    snapshot: reactive[tuple[views.MemoryTrend, tuple[tuple[str, float | None], ...]] | None] = reactive(None)
+    observation: reactive[Observation | None] = reactive(None)
 
     def on_mount(self) -> None:
         """Draw what was set before the children existed."""
-        self.watch_snapshot(self.snapshot)
+        self.watch_observation(self.observation)
 
     def compose(self) -> ComposeResult:
         """Host numbers and trend, device numbers and trend."""
         yield Static(id="memory-host")
-        yield Trend("RSS", id="memory-rss")
+        yield Trend("RSS", unit="bytes", id="memory-rss")
         yield Static(id="memory-device")
-        yield Trend("device", id="memory-dev")
+        yield Trend("device", unit="bytes", id="memory-dev")
 
-    def watch_snapshot(self, value: tuple[views.MemoryTrend, tuple[tuple[str, float | None], ...]] | None) -> None:
+    def watch_observation(self, obs: Observation | None) -> None:
         """Redraw numbers and trends."""
-        if value is None or not self.children:
+        if obs is None or not self.children:
             return
-        memory, allocator = value
+        memory = obs.memory
         show_text(self.query_one("#memory-host", Static), render.memory_text(memory))
         self.query_one("#memory-rss", Trend).data = memory.rss_series
-        show_text(self.query_one("#memory-device", Static), render.device_memory_text(memory, dict(allocator)))
+        device = render.device_memory_text(memory, obs.focus.device_memory)
+        show_text(self.query_one("#memory-device", Static), device)
         self.query_one("#memory-dev", Trend).data = memory.device_series
