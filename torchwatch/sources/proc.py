@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 
 from torchwatch.hook.cpus import usable_cpus
+from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
 from torchwatch.model.readings import (
     ProcessSample,
     Role,
@@ -37,9 +38,9 @@ from torchwatch.model.readings import (
 )
 
 # Launchers start ranks; they are watched for exit but never diagnosed as the training.
-_LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
-_HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "multiprocessing.forkserver")
-_SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "multiprocessing.popen_spawn")
+_LAUNCHER_MARKERS = LAUNCHER_SCRIPTS + LAUNCHER_MODULES
+_HELPER_MARKERS = MP_HELPER_MARKERS
+_SPAWN_MARKERS = SPAWN_MARKERS
 
 
 def catches(pid: int, signum: int) -> bool:
