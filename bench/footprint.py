@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchwatch.watch.driver import hook_env  # noqa: E402
+from torchwatch.watch.lifecycle import hook_env  # noqa: E402
 from torchwatch.watch.session import Session, SessionOptions  # noqa: E402
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from overhead import _steps_per_s  # noqa: E402
 
-from torchwatch.watch.driver import hook_env  # noqa: E402
+from torchwatch.watch.lifecycle import hook_env  # noqa: E402
 
 
 def per_call_us(rounds: int = 5, calls: int = 20_000) -> dict[str, float]:

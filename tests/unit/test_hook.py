@@ -366,7 +366,7 @@ def test_a_post_epoch_pause_is_not_a_data_wait(tmp_path: Path) -> None:
 def test_run_preloads_the_hook_and_still_runs_the_users_sitecustomize(tmp_path: Path) -> None:
     """What torchwatch run does: PYTHONPATH=boot + TORCHWATCH_HOOK=1; the user's sitecustomize runs too."""
     pytest.importorskip("torch", reason="the hook patches torch when the training imports it")
-    from torchwatch.watch.driver import hook_env
+    from torchwatch.watch.lifecycle import hook_env
 
     user = tmp_path / "user_site"
     user.mkdir()

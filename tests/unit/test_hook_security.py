@@ -27,7 +27,7 @@ from tests.unit.hookrun import hook_script
 from torchwatch.hook import wire
 from torchwatch.model.readings import Status
 from torchwatch.sources.hook import HookReader, HookSource, instance_of, send_burst_signal
-from torchwatch.watch.driver import hook_env
+from torchwatch.watch.lifecycle import hook_env
 
 HERE = Path(__file__).parent
 FAKE = HERE / "_fake_target.py"

@@ -13,9 +13,11 @@ from rich.console import Console
 from textual.widgets import Log, Static, TabbedContent
 
 from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_session
+from torchwatch.faces import report
 from torchwatch.faces.tui.app import WatchApp
 from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
 from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
+from torchwatch.hook import wire
 from torchwatch.model.observation import ProcessRow
 from torchwatch.model.readings import HookState, SourceStatus, Status
 
@@ -405,3 +407,58 @@ def test_duration_ends_the_app() -> None:
         assert not app.is_running
 
     run(recorded_session(), check, duration=0.1)
+
+
+def _with_device_memory(session: RecordedWatch, cuda: bool, memory: dict[str, int] | None) -> None:
+    """The hook publishes again, as a training that initialised CUDA (and read its allocator) would:
+    its hook.json goes through the reader's decoder like any other."""
+    last = session.store.latest(HookState)
+    assert last is not None and last.record is not None
+    data = {**last.record.to_json(), "cuda_initialized": cuda}
+    if memory is not None:
+        data["device_memory"] = memory
+    session.store.add([dataclasses.replace(last, record=wire.HookRecord.decode(data))])
+
+
+def test_memory_panel_shows_the_allocator_the_hook_publishes_and_why_not() -> None:
+    session = recorded_session(gpus=True, hooked=True)
+    gib = 1 << 30
+
+    def device_text(app: WatchApp) -> str:
+        return text_of(app, "#memory-device")
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("6")
+        assert app.query_one(TabbedContent).active == "memory"
+        assert "device used 11.7 GiB / 37.3 GiB (NVML)" in device_text(app)
+        assert "allocator n/a (the hook publishes device memory only when the training initialised CUDA)" in (
+            device_text(app)
+        )
+        _with_device_memory(session, cuda=True, memory=None)
+        app.refresh_view()
+        await pilot.pause()
+        assert "allocator n/a (the hook has not published device memory)" in device_text(app)
+        memory = {"device": 0, "allocated_bytes": 9 * gib, "reserved_bytes": 10 * gib, "peak_bytes": 19 * gib // 2}
+        _with_device_memory(session, cuda=True, memory=memory)
+        app.refresh_view()
+        await pilot.pause()
+        assert "allocator 9.0 GiB allocated / 10.0 GiB reserved (peak 9.5 GiB)" in device_text(app)
+
+    run(session, check, size=(120, 30))
+    data = report.build(session.observe())
+    assert data["hook"]["device_memory"] == {
+        "allocated_bytes": 9 * gib,
+        "reserved_bytes": 10 * gib,
+        "peak_bytes": 19 * gib // 2,
+        "why": None,
+    }
+
+
+def test_memory_panel_without_a_hook_says_so() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("6")
+        text = text_of(app, "#memory-device")
+        assert "device used n/a (no NVML reading)" in text
+        assert "allocator n/a (no hook in the process: device memory comes from the in-process hook)" in text
+
+    run(recorded_session(), check, size=(140, 30))

@@ -322,7 +322,7 @@ def _rules_command(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace, stops: StopSignals) -> int:
-    from torchwatch.watch.driver import WatchOptions, attach_pid, run_command
+    from torchwatch.cli.drive import WatchOptions, attach_pid, run_command
 
     opts = WatchOptions.from_args(args)
     if args.command == "run":

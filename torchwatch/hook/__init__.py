@@ -21,7 +21,7 @@ from torchwatch.hook.roles import HELPER_MODULE_PREFIXES, HELPER_SCRIPT_DIRS, LA
 
 __all__ = ["install", "should_install"]
 
-# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.driver.hook_env).
+# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.lifecycle.hook_env).
 _PRELOAD_VARS = ("TORCHWATCH_HOOK", "TORCHWATCH_HOOK_PATH", "TORCHWATCH_BURST_AT")
 
 

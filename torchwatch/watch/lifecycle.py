@@ -447,3 +447,21 @@ def _procs(pids: Sequence[int]) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
             procs.append(psutil.Process(pid))
     return procs
+
+
+def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
+    """The environment that pre-loads the hook in a launched training (``boot/sitecustomize.py``).
+
+    ``TORCHWATCH_HOOK_PATH`` lets an interpreter without torchwatch installed still load it.
+    """
+    import torchwatch
+    import torchwatch.hook
+
+    env = dict(os.environ)
+    boot = str(Path(torchwatch.hook.__file__).parent / "boot")
+    env["PYTHONPATH"] = boot + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["TORCHWATCH_HOOK"] = "1"
+    env["TORCHWATCH_HOOK_PATH"] = str(Path(torchwatch.__file__).parent.parent)
+    if burst_at:
+        env["TORCHWATCH_BURST_AT"] = ",".join(str(s) for s in burst_at)
+    return env

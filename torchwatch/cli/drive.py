@@ -1,4 +1,4 @@
-"""What ``run`` and ``attach`` share: load rules, start a session, drive the TUI or the headless loop, report.
+"""``torchwatch run`` and ``attach``: load rules, start a session, drive the TUI or the headless loop, report.
 
 How a watch ends decides torchwatch's exit status (the README's "Exit status" table):
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchE
 from torchwatch.watch.lifecycle import (
     Launched,
     StopSignals,
+    hook_env,
     launch,
     needs_own_group,
     stop_launched,
@@ -98,24 +98,6 @@ class Ending:
     def signal(self) -> int | None:
         """The stop signal that ended torchwatch, if one did."""
         return int(signal.Signals[self.by]) if self.by.startswith("SIG") else None
-
-
-def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
-    """The environment that pre-loads the hook in a launched training (``boot/sitecustomize.py``).
-
-    ``TORCHWATCH_HOOK_PATH`` lets an interpreter without torchwatch installed still load it.
-    """
-    import torchwatch
-    import torchwatch.hook
-
-    env = dict(os.environ)
-    boot = str(Path(torchwatch.hook.__file__).parent / "boot")
-    env["PYTHONPATH"] = boot + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["TORCHWATCH_HOOK"] = "1"
-    env["TORCHWATCH_HOOK_PATH"] = str(Path(torchwatch.__file__).parent.parent)
-    if burst_at:
-        env["TORCHWATCH_BURST_AT"] = ",".join(str(s) for s in burst_at)
-    return env
 
 
 def check_trace_path(path: Path | None) -> None:
