@@ -359,7 +359,7 @@ class LoaderInfo:
 
     Attributes:
         num_workers, batch_size, prefetch_factor: as passed (``None`` when not set, e.g.
-            ``batch_size`` with a ``batch_sampler``). pin_memory, persistent_workers: as passed.
+            ``batch_size`` with a ``batch_sampler``). pin_memory, persistent_workers, drop_last: as passed.
         multiprocessing_context: ``fork``, ``spawn``, ``forkserver`` or ``None``.
         dataset, collate_fn: type or function names. batches: batches taken. wait_s: s in
         ``__next__``. batch_bytes: bytes of the tensors of the first batch (``None``: not yet).
@@ -376,6 +376,7 @@ class LoaderInfo:
     batches: int
     wait_s: float
     batch_bytes: int | None
+    drop_last: bool = False
 
     @classmethod
     def decode(cls, value: object, where: str) -> LoaderInfo:
@@ -393,6 +394,7 @@ class LoaderInfo:
             batches=o.integer("batches", 0, _U63),
             wait_s=o.number("wait_s", 0.0, _TIME_MAX),
             batch_bytes=o.integer("batch_bytes", 0, _U63, optional=True),
+            drop_last=o.flag("drop_last", optional=True) or False,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -400,7 +402,7 @@ class LoaderInfo:
         return dict(self.__dict__)
 
 
-LOADER_SETTINGS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers")
+LOADER_SETTINGS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last")
 """The :class:`LoaderInfo` fields that are settings the user passed, in the order the report and
 the TUI show them (each face iterates this list: a new setting is a field, its decoding, and a
 name here)."""
