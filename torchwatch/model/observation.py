@@ -14,8 +14,9 @@ is known.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from torchwatch.hook.wire import AmpInfo, BurstResult, LoaderInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
@@ -23,6 +24,7 @@ from torchwatch.model.readings import Frame, GpuSample, SourceStatus
 
 __all__ = [
     "BurstView",
+    "ChildProcess",
     "DeviceMemory",
     "FeatureSpec",
     "GpuRow",
@@ -49,6 +51,24 @@ class FeatureSpec:
     unit: str
     source: str
     doc: str
+
+
+class ChildProcess(Protocol):
+    """A command torchwatch launched (``run``), as the watch loop, the Observation and the TUI read it."""
+
+    @property
+    def pid(self) -> int:
+        """PID of the command."""
+        ...
+
+    @property
+    def args(self) -> Sequence[str]:
+        """The command line."""
+        ...
+
+    def poll(self) -> int | None:
+        """The exit status once ended (as :attr:`subprocess.Popen.returncode`), else ``None``."""
+        ...
 
 
 @dataclass(frozen=True)

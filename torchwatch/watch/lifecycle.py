@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import psutil
 
@@ -61,24 +61,6 @@ STATUS_UNKNOWN = 255  # the command's exit status when its guard was killed apar
 
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
-
-
-class ChildProcess(Protocol):
-    """What the watch loop and the TUI read of a launched command."""
-
-    @property
-    def pid(self) -> int:
-        """PID of the command."""
-        ...
-
-    @property
-    def args(self) -> Sequence[str]:
-        """The command line."""
-        ...
-
-    def poll(self) -> int | None:
-        """The exit status once ended (as :attr:`subprocess.Popen.returncode`), else ``None``."""
-        ...
 
 
 class Launched:

@@ -12,7 +12,6 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from torchwatch.analysis import views
 from torchwatch.analysis.diagnosis import Analysis
@@ -22,6 +21,7 @@ from torchwatch.hook.wire import HookRecord
 from torchwatch.model.errors import shell_status
 from torchwatch.model.observation import (
     BurstView,
+    ChildProcess,
     DeviceMemory,
     Observation,
     RankView,
@@ -116,25 +116,7 @@ def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
     return None
 
 
-class Launched(Protocol):
-    """The launched command (``run``) as the Observation needs it: PID, command line, exit status."""
-
-    @property
-    def pid(self) -> int:
-        """PID of the command."""
-        ...
-
-    @property
-    def args(self) -> Sequence[str]:
-        """The command line."""
-        ...
-
-    def poll(self) -> int | None:
-        """The exit status once ended (as :attr:`subprocess.Popen.returncode`), else ``None``."""
-        ...
-
-
-def target_view(root: int, cmdline: Sequence[str], child: Launched | None, gone: bool) -> TargetView:
+def target_view(root: int, cmdline: Sequence[str], child: ChildProcess | None, gone: bool) -> TargetView:
     """The process torchwatch was given: the launched command (its PID, arguments and shell-style
     exit status once it ended) or, for ``attach``, the PID named and the training's command line."""
     if child is not None:

@@ -21,14 +21,13 @@ from torchwatch.analysis import features as feats
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store
-from torchwatch.model.observation import Observation, SelfUsage, TargetView, VerdictChange
+from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
 from torchwatch.model.readings import GpuSample, Role, SourceStatus, Status
 from torchwatch.sources import Source
 from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
-from torchwatch.watch.lifecycle import ChildProcess
 from torchwatch.watch.observe import Tick, Trends, observe, target_view
 
 log = logging.getLogger(__name__)

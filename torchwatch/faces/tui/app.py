@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -39,7 +39,7 @@ from torchwatch.faces.tui.widgets import (
     VerdictPanel,
     show_text,
 )
-from torchwatch.model.observation import Observation
+from torchwatch.model.observation import ChildProcess, Observation
 
 STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
 PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log")
@@ -64,24 +64,6 @@ class Watched(Protocol):
 
     def request_burst(self) -> tuple[bool, str]:
         """Ask the focus rank's hook for a profiler burst: ``(sent, message)``."""
-        ...
-
-
-class Child(Protocol):
-    """The launched command as the quit question needs it: its PID and whether it still runs."""
-
-    @property
-    def pid(self) -> int:
-        """PID of the command."""
-        ...
-
-    @property
-    def args(self) -> Sequence[str]:
-        """The command line."""
-        ...
-
-    def poll(self) -> int | None:
-        """The exit status once ended, else ``None``."""
         ...
 
 
@@ -126,7 +108,7 @@ class WatchApp(App[None]):
     def __init__(
         self,
         watched: Watched,
-        child: Child | None = None,
+        child: ChildProcess | None = None,
         duration: float | None = None,
         *,
         log_path: Path | None = None,
