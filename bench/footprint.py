@@ -26,8 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchwatch.session import Session, SessionOptions  # noqa: E402
-from torchwatch.watch import hook_env  # noqa: E402
+from torchwatch.watch.lifecycle import hook_env  # noqa: E402
+from torchwatch.watch.session import Session, SessionOptions  # noqa: E402
 
 
 def _cpu_s() -> float:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from overhead import _steps_per_s  # noqa: E402
 
-from torchwatch.watch import hook_env  # noqa: E402
+from torchwatch.watch.lifecycle import hook_env  # noqa: E402
 
 
 def per_call_us(rounds: int = 5, calls: int = 20_000) -> dict[str, float]:
@@ -81,8 +81,8 @@ def run_demo(demo: str, seconds: float, hooked: bool) -> float:
 
 def burst_cost(n: int, seconds: float) -> dict[str, Any]:
     """Run ``n`` bursts on the dataloader demo, one every few seconds; their costs."""
-    from torchwatch.bursts import wait_for_burst
     from torchwatch.sources.hook import HookReader
+    from torchwatch.watch.bursts import wait_for_burst
 
     cmd = [sys.executable, str(REPO / "demo" / "dataloader_bound.py"), "--device", "cpu", "--seconds", str(seconds)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=hook_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,7 +92,7 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             reader = HookReader(proc.pid)  # again: the process instance is known once it runs
-            snap = reader.counters() if reader.info() is not None else None
+            snap = reader.counters() if reader.record() is not None else None
             if snap is not None and snap.steps >= 10:
                 break
             time.sleep(0.2)
@@ -104,7 +104,7 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
             ok, msg = reader.request_burst({})
             if not ok:
                 raise SystemExit(f"bench/hook_cost.py: {msg}")
-            s = wait_for_burst(reader, i, 120)
+            s = wait_for_burst(reader, i, 120).to_json()
             after = reader.counters()
             assert after is not None
             steps = [e for e in after.entries if e[0] > before.last_step_t]

@@ -148,7 +148,7 @@ def as_torchwatch(log_path: str, argv: list[str]) -> int:
     """Run ``torchwatch ARGV`` with each ``p`` timed: key event → handler → screen updated (ms)."""
     from textual import events
 
-    import torchwatch.tui.app as tui_app
+    import torchwatch.faces.tui.app as tui_app
     from torchwatch.cli import main as torchwatch_main
 
     log = open(log_path, "w")  # noqa: SIM115 - open for the life of the process

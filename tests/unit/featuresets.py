@@ -1,4 +1,4 @@
-"""Feature sets for rule and report tests, consistent the way torchwatch.features derives them."""
+"""Feature sets for rule and report tests, consistent the way torchwatch.analysis.features derives them."""
 
 from __future__ import annotations
 

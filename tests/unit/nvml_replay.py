@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml  # type: ignore[import-untyped]
 
-from torchwatch.readings import GpuSample
+from torchwatch.model.readings import GpuSample
 from torchwatch.sources.nvml import NvmlSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"

@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 import torchwatch
-from torchwatch import report
-from torchwatch.bursts import wait_for_burst
+from tests.unit.hookrecords import hook_record
+from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.cli import build_parser, main
-from torchwatch.rules_engine import load_rules
-from torchwatch.session import Session, SessionOptions
+from torchwatch.faces import report
+from torchwatch.hook import wire
+from torchwatch.watch.bursts import wait_for_burst
+from torchwatch.watch.session import Session, SessionOptions
 
 # Names this change added are imported inside the tests that use them, so that on an older
 # torchwatch each of those tests fails on its own instead of the whole module failing to import.
@@ -48,7 +50,7 @@ def test_window_out_of_bounds_is_refused_and_named(value: str, capsys: pytest.Ca
 
 @pytest.mark.parametrize("value", ["3", "10", "300"])
 def test_window_within_bounds_is_taken_as_given(value: str) -> None:
-    from torchwatch.session import WINDOW_MAX_S, WINDOW_MIN_S
+    from torchwatch.watch.session import WINDOW_MAX_S, WINDOW_MIN_S
 
     assert (WINDOW_MIN_S, WINDOW_MAX_S) == (3.0, 300.0)
     args = build_parser().parse_args(["run", "--window", value, "--", "python"])
@@ -57,7 +59,7 @@ def test_window_within_bounds_is_taken_as_given(value: str) -> None:
 
 # -- --json DIR, --trace, atomic JSON -------------------------------------------------------------------
 def test_json_into_a_directory_gets_a_file_named_after_the_pid(tmp_path: Path) -> None:
-    from torchwatch.report import json_target
+    from torchwatch.faces.report import json_target
 
     target = json_target(str(tmp_path), 4242)
     assert target.parent == tmp_path
@@ -224,17 +226,17 @@ class FakeReader:
         self.reads = 0
         self.done_after = done_after
 
-    def info(self) -> dict[str, Any]:
+    def record(self) -> wire.HookRecord:
         self.reads += 1
         if self.reads < self.done_after:
-            return {"burst": {"state": "running", "count": 0}}
-        return {"burst": {"state": "idle", "count": 1, "last": {"id": 1, "steps": 3}}}
+            return hook_record(self.pid, burst={"state": "running", "count": 0})
+        return hook_record(self.pid, burst={"state": "idle", "count": 1, "last": {"id": 1, "steps": 3}})
 
 
 def test_waiting_for_a_burst_reports_progress() -> None:
     waited: list[float] = []
     summary = wait_for_burst(FakeReader(4), 0, 10.0, poll_s=0.01, on_wait=waited.append)
-    assert summary["id"] == 1
+    assert summary.id == 1 and summary.steps == 3
     assert len(waited) == 3 and waited == sorted(waited) and waited[0] > 0
 
 
@@ -255,7 +257,7 @@ class Stream:
 
 
 def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> None:
-    from torchwatch.bursts import PLAIN_EVERY_S, progress
+    from torchwatch.cli.burst import PLAIN_EVERY_S, progress
 
     stream = Stream(tty=False)
     with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
@@ -270,7 +272,7 @@ def test_burst_progress_without_a_terminal_is_a_plain_line_now_and_then() -> Non
 
 
 def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
-    from torchwatch.bursts import progress
+    from torchwatch.cli.burst import progress
 
     stream = Stream(tty=True)
     with progress(4242, 60.0, stream) as on_wait:  # type: ignore[arg-type]
@@ -284,7 +286,7 @@ def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
 def test_stop_signals_are_recorded_then_restored() -> None:
     import signal
 
-    from torchwatch.lifecycle import StopSignals
+    from torchwatch.watch.lifecycle import StopSignals
 
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals() as stops:

@@ -1,4 +1,4 @@
-"""torchwatch.cpus: usable CPUs (affinity, cgroup quota) and the worker count to suggest."""
+"""Usable CPUs (torchwatch.hook.cpus: affinity, cgroup quota) and the worker count to suggest."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from torchwatch.cpus import _read_v1_quota, _read_v2_quota, io_bound_workers, suggested_workers, usable_cpus
+from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 from torchwatch.hook import cpus as hook_cpus
+from torchwatch.hook.cpus import _read_v1_quota, _read_v2_quota, usable_cpus
 
 
 def test_usable_cpus_is_within_bounds() -> None:

@@ -1,4 +1,4 @@
-"""torchwatch.diagnosis with the shipped rules: firing, silence, not-applicable, verdict, hysteresis."""
+"""torchwatch.analysis.diagnosis with the shipped rules: firing, silence, not-applicable, verdict, hysteresis."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.unit.featuresets import consistent
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.features import CATALOGUE, Features
-from torchwatch.rules_engine import Rule, load_rules, parse_rule
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.features import CATALOGUE, Features
+from torchwatch.analysis.rules_engine import Rule, load_rules, parse_rule
 
 RULES = {r.id: r for r in load_rules()}
 WINDOWS = Path(__file__).resolve().parent.parent / "fixtures" / "windows"

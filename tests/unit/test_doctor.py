@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_inject_checks import host
-from torchwatch import doctor
-from torchwatch.errors import TorchwatchError, UsageError
+from torchwatch.cli import doctor
 from torchwatch.inject.facts import Host, PythonVersion
-from torchwatch.readings import SourceStatus
+from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.readings import SourceStatus
 
 HOST = host()
 

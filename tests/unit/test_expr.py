@@ -1,4 +1,4 @@
-"""torchwatch.expr: the safe expression language of rule conditions."""
+"""torchwatch.analysis.expr: the safe expression language of rule conditions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchwatch.expr import ExprError, Missing, parse
+from torchwatch.analysis.expr import ExprError, Missing, parse
 
 FUZZ = settings(max_examples=300, deadline=None, database=None, derandomize=True)
 KNOWN = {"a", "b", "c", "d", "e"}

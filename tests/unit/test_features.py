@@ -1,4 +1,4 @@
-"""torchwatch.features.compute on synthetic windows of readings."""
+"""torchwatch.analysis.features.compute on synthetic windows of readings."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
-from torchwatch.features import CATALOGUE, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, compute
-from torchwatch.readings import (
+from tests.unit.hookrecords import hook_record
+from torchwatch.analysis.features import CATALOGUE, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, compute
+from torchwatch.analysis.store import Window
+from torchwatch.model.readings import (
     Frame,
     GpuSample,
     HookState,
@@ -18,7 +20,6 @@ from torchwatch.readings import (
     ThreadSample,
     Wait,
 )
-from torchwatch.store import Window
 
 MAIN = 1000
 WORKERS = (1001, 1002)
@@ -358,8 +359,15 @@ def test_burst_gpu_features_come_from_the_summary() -> None:
         "pageable_h2d": {"copies_per_step": 2.0, "ms_per_step": 1.5, "bytes_per_step": 4e6},
         "started_at": 5.0,
     }
-    hook = HookState(t=9.0, pid=MAIN, steps=10, batches=10, data_wait_s=0.0, in_next_since=0.0)
-    hook.info = {"burst": {"last": summary}}
+    hook = HookState(
+        t=9.0,
+        pid=MAIN,
+        steps=10,
+        batches=10,
+        data_wait_s=0.0,
+        in_next_since=0.0,
+        record=hook_record(MAIN, burst={"last": summary}),
+    )
     f = compute(window(hook=[hook]), MAIN)
     assert (f["burst_host_wait_share"], f["burst_kernel_wait_share"]) == (0.5, 0.04)
     assert (f["burst_kernels_per_step"], f["burst_pageable_h2d_per_step"]) == (420.0, 2.0)
@@ -367,7 +375,7 @@ def test_burst_gpu_features_come_from_the_summary() -> None:
     assert f["burst_pageable_h2d_share"] == pytest.approx(0.15)
     # a CPU-only burst: no device numbers, so none of these
     cpu_only = {**summary, "gpu_idle_share": None, "gpu_idle_split_share": None, "pageable_h2d": None}
-    hook.info = {"burst": {"last": cpu_only}}
+    hook = dataclasses.replace(hook, record=hook_record(MAIN, burst={"last": cpu_only}))
     f = compute(window(hook=[hook]), MAIN)
     for name in ("burst_host_wait_share", "burst_kernel_wait_share", "burst_pageable_h2d_per_step"):
         assert f[name] is None, name

@@ -19,13 +19,15 @@ from typing import Any
 import pytest
 
 from tests.unit import nvml_replay
-from torchwatch import features
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.features import Features
+from tests.unit.hookrecords import hook_record
+from torchwatch.analysis import features
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.features import Features
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.store import Window
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.readings import GpuSample, HookState
-from torchwatch.rules_engine import human_bytes, load_rules
-from torchwatch.store import Window
+from torchwatch.model.readings import GpuSample, HookState
+from torchwatch.model.units import human_bytes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 RULES = load_rules()
@@ -45,19 +47,21 @@ def gpu_samples(stem: str) -> list[GpuSample]:
     return nvml_replay.replay(nvml_replay.load(stem))[1]
 
 
-def burst(stem: str, t: float = 100.0, age_s: float = 20.0, dataloader: dict[str, Any] | None = None) -> HookState:
+def burst(stem: str, t: float = 1100.0, age_s: float = 20.0, dataloader: dict[str, Any] | None = None) -> HookState:
     """The hook's state after a burst on the trace ``stem`` ended ``age_s`` seconds before ``t``."""
     summary = summarize_trace(load_trace(FIXTURES / f"{stem}.json.gz"))
     info: dict[str, Any] = {"torch": "2.13.0", "burst": {"last": {**summary, "id": 1, "started_at": t - age_s}}}
     if dataloader is not None:
         info["dataloaders"] = [dataloader]
-    return HookState(t=t, pid=PID, steps=500, batches=500, data_wait_s=0.0, in_next_since=0.0, info=info)
+    record = hook_record(PID, **info)
+    return HookState(t=t, pid=PID, steps=500, batches=500, data_wait_s=0.0, in_next_since=0.0, record=record)
 
 
 def feats(gpus: Sequence[GpuSample] = (), hook: HookState | None = None) -> Features:
     """features.compute over the readings (GPU ones re-timed into one window), then the loop's features."""
-    timed = [dataclasses.replace(g, t=80.0 + g.t) for g in gpus]
-    window = Window(start=70.0, end=100.0, gpus=timed, hook=[hook] if hook else [])
+    # a monotonic clock of a machine up for a while: a burst 900 s old is still after its start
+    timed = [dataclasses.replace(g, t=1080.0 + g.t) for g in gpus]
+    window = Window(start=1070.0, end=1100.0, gpus=timed, hook=[hook] if hook else [])
     f = features.compute(window, PID)
     f.update(LOOP)
     return f

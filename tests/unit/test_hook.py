@@ -15,15 +15,40 @@ from typing import Any
 
 import pytest
 
+from tests.unit.hookrecords import hook_record
 from tests.unit.hookrun import hook_script, result
-from torchwatch.features import compute
+from torchwatch.analysis.features import compute
+from torchwatch.analysis.store import Window
 from torchwatch.hook import publish, should_install, wire
-from torchwatch.readings import HookState
+from torchwatch.model.readings import HookState
 from torchwatch.sources.hook import HookReader, instance_of
-from torchwatch.store import Window
 
 SCRIPT = Path(__file__).with_name("_hook_script.py")
 REPO = Path(__file__).resolve().parents[2]
+
+
+# -- what the hook reads off a DataLoader, as the faces show it ----------------------------------
+def test_a_loader_setting_reaches_the_report_and_the_steps_panel() -> None:
+    """The hook reads drop_last off a real DataLoader; the text report and the Steps panel list it."""
+    torch = pytest.importorskip("torch", reason="a real DataLoader")
+    from tests.unit.test_tui_views import observation_of
+    from torchwatch.faces import report
+    from torchwatch.faces.tui import render
+    from torchwatch.hook import runtime as rt
+    from torchwatch.model.readings import SourceStatus
+
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=4, drop_last=True
+    )
+    info = wire.LoaderInfo(**rt._loader_settings(loader), batches=2, wait_s=0.0, batch_bytes=None)
+    record = hook_record(7, torch="2.13", dataloaders=[info.to_json()])  # through the reader's decoder
+    assert record.dataloaders[0].drop_last is True
+    reading = HookState(t=1.0, pid=7, steps=2, batches=2, data_wait_s=0.0, in_next_since=0.0, record=record)
+    obs = observation_of({}, reading, SourceStatus.ok())
+    assert "persistent_workers=False · drop_last=True" in render.steps_text(obs).plain
+    assert "persistent_workers=False, drop_last=True; usable CPUs" in "\n".join(
+        report.hook_lines(report.hook_json(obs))
+    )
 
 
 # -- publish ----------------------------------------------------------------------------------
@@ -165,10 +190,11 @@ def _reads(n: int, step_s: float, wait_s: float, in_next_at_end: float = 0.0) ->
                 data_wait_s=i * len(steps) * wait_s,
                 in_next_since=(t - in_next_at_end) if (in_next_at_end and i == n - 1) else 0.0,
                 new_steps=steps if i else (),
-                info={
-                    "torch": "2.13",
-                    "amp": {"autocast": True},
-                    "dataloaders": [
+                record=hook_record(
+                    7,
+                    torch="2.13",
+                    amp={"autocast": True},
+                    dataloaders=[
                         {
                             "num_workers": 0,
                             "batch_size": 32,
@@ -178,7 +204,7 @@ def _reads(n: int, step_s: float, wait_s: float, in_next_at_end: float = 0.0) ->
                             "batch_bytes": 4096,
                         }
                     ],
-                },
+                ),
             )
         )
     return out
@@ -367,7 +393,7 @@ def test_a_post_epoch_pause_is_not_a_data_wait(tmp_path: Path) -> None:
 def test_run_preloads_the_hook_and_still_runs_the_users_sitecustomize(tmp_path: Path) -> None:
     """What torchwatch run does: PYTHONPATH=boot + TORCHWATCH_HOOK=1; the user's sitecustomize runs too."""
     pytest.importorskip("torch", reason="the hook patches torch when the training imports it")
-    from torchwatch.watch import hook_env
+    from torchwatch.watch.lifecycle import hook_env
 
     user = tmp_path / "user_site"
     user.mkdir()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.hookrun import hook_script, result
-from torchwatch.watch import hook_env
+from torchwatch.watch.lifecycle import hook_env
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchwatch.hook import publish, wire
-from torchwatch.readings import Status
+from torchwatch.model.readings import Status
 from torchwatch.sources.hook import HookReader, HookSource
 
 READ_CAP = 50 * 1024 * 1024  # the acceptance bound: never more than 50 MB read for one file

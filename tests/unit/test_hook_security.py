@@ -25,9 +25,9 @@ import pytest
 from tests import users
 from tests.unit.hookrun import hook_script
 from torchwatch.hook import wire
-from torchwatch.readings import Status
+from torchwatch.model.readings import Status
 from torchwatch.sources.hook import HookReader, HookSource, instance_of, send_burst_signal
-from torchwatch.watch import hook_env
+from torchwatch.watch.lifecycle import hook_env
 
 HERE = Path(__file__).parent
 FAKE = HERE / "_fake_target.py"

@@ -10,7 +10,7 @@ import pynvml  # type: ignore[import-untyped]
 import pytest
 
 from tests.unit import nvml_replay
-from torchwatch.readings import Status
+from torchwatch.model.readings import Status
 from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, LIBRARY_NOT_FOUND, NO_GPU, PROC_NOT_TREE, NvmlSource
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchwatch.readings import Role, Wait
+from torchwatch.model.readings import Role, Wait
 from torchwatch.sources.proc import assign_roles, classify_wait
 
 X86 = "x86_64"

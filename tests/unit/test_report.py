@@ -1,4 +1,5 @@
-"""torchwatch.report: the JSON contract (validated against report_schema.json), text and status line."""
+"""The report (JSON contract validated against report_schema.json, and text), the status line and the
+burst lines: faces of an Observation built by the real builder."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from tests.unit.featuresets import consistent
-from torchwatch import report
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.features import CATALOGUE, Features
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.features import CATALOGUE, Features
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.store import Store
+from torchwatch.faces import report
+from torchwatch.faces.burst import burst_lines
+from torchwatch.faces.headless import status_line
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.readings import SourceStatus, Status
-from torchwatch.rules_engine import load_rules
+from torchwatch.hook.wire import BurstResult
+from torchwatch.model.observation import Observation, TargetView, VerdictChange
+from torchwatch.model.readings import SourceStatus, Status
+from torchwatch.model.units import fmt_value
+from torchwatch.watch.observe import Tick, Trends, observe
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
@@ -43,17 +51,24 @@ def analysed(f: Features) -> Analysis:
     return d.evaluate(f, 10.0)
 
 
-def build(analysis: Analysis, **kw: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "pid": 4242,
-        "cmdline": ["python", "train.py"],
-        "exit_code": None,
-        "window_s": 10.0,
-        "watched_s": 31.26,
-        "history": [(1.0, "undetermined"), (4.0, "io-bound")],
-    }
-    args.update(kw)
-    return report.build(analysis, STATUSES, **args)
+def observation(analysis: Analysis | None, exit_code: int | None = None) -> Observation:
+    """What the session's builder makes of ``analysis`` for the training PID 4242 (no readings)."""
+    tick = Tick(
+        now=31.26,
+        end=31.26,
+        started=0.0,
+        window_s=10.0,
+        analysis=analysis,
+        statuses=tuple(STATUSES.items()),
+        focus_pid=4242,
+        target=TargetView(4242, ("python", "train.py"), exit_code=exit_code),
+        history=(VerdictChange(1.0, "undetermined"), VerdictChange(4.0, "io-bound")),
+    )
+    return observe(Store(), tick, Trends())
+
+
+def build(analysis: Analysis, exit_code: int | None = None) -> dict[str, Any]:
+    return report.build(observation(analysis, exit_code), watched_s=31.26)
 
 
 @pytest.fixture
@@ -162,24 +177,26 @@ def test_render_text(busy: dict[str, Any]) -> None:
 
 
 def test_status_line() -> None:
-    assert report.status_line(None, 3.0) == "torchwatch [   3s] starting"
-    line = report.status_line(analysed(features(storage_wait_share=0.5, worker_count=2.0)), 12.0)
+    assert status_line(None, 3.0) == "torchwatch [   3s] starting"
+    assert status_line(observation(None), 3.0) == "torchwatch [   3s] starting"
+    line = status_line(observation(analysed(features(storage_wait_share=0.5, worker_count=2.0))), 12.0)
     assert "\n" not in line
     assert "io-bound" in line and "disk wait 50%" in line and "workers 2" in line
     assert "GPU n/a" in line
-    gpu_line = report.status_line(analysed(features(gpu_util_mean=100.0, gpu_sm_active_mean=0.12)), 12.0)
+    gpu_line = status_line(observation(analysed(features(gpu_util_mean=100.0, gpu_sm_active_mean=0.12))), 12.0)
     assert "GPU 100% (SM 12%)" in gpu_line
 
 
 def test_burst_lines_give_the_idle_split_and_pageable_copies() -> None:
     summary = summarize_trace(load_trace(GPU_FIXTURES / "trace_pageable_h2d.json.gz"))
-    lines = "\n".join(report.burst_lines({**summary, "id": 2}))
+    lines = "\n".join(burst_lines(BurstResult.decode({**summary, "id": 2}, "summary")))
     split = summary["gpu_idle_split_share"]
     assert (
         f"GPU idle {summary['gpu_idle_share']:.0%} of the step: waiting for the host {split['host_wait']:.0%}" in lines
     )
     assert "pageable host-to-device copies: 2 per step, 48.0 MiB per step (pin_memory=True avoids them)" in lines
-    cpu = "\n".join(report.burst_lines({**summary, "gpu_idle_share": None, "pageable_h2d": None, "id": 3}))
+    cpu_only = {**summary, "gpu_idle_share": None, "pageable_h2d": None, "id": 3}
+    cpu = "\n".join(burst_lines(BurstResult.decode(cpu_only, "summary")))
     assert "GPU idle" not in cpu and "pageable" not in cpu
 
 
@@ -197,4 +214,4 @@ def test_burst_lines_give_the_idle_split_and_pageable_copies() -> None:
     ],
 )
 def test_format_value_by_unit(name: str, value: float | None, text: str) -> None:
-    assert report.format_value(name, value) == text
+    assert fmt_value(value, CATALOGUE[name].unit) == text

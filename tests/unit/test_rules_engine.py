@@ -1,4 +1,4 @@
-"""torchwatch.rules_engine: rule files, their errors (file + line), templates, loading."""
+"""torchwatch.analysis.rules_engine: rule files, their errors (file + line), templates, loading."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchwatch.errors import RuleError, UsageError
-from torchwatch.rules_engine import Rule, builtin_dir, fill, human_bytes, load_dir, load_rules, parse_rule
+from torchwatch.analysis.rules_engine import Rule, builtin_dir, fill, load_dir, load_rules, parse_rule
+from torchwatch.model.errors import RuleError, UsageError
+from torchwatch.model.units import human_bytes
 
 FUZZ = settings(max_examples=300, deadline=2000, database=None, derandomize=True)
 PATH = "rules/test-rule.toml"

@@ -7,10 +7,10 @@ import os
 import pytest
 
 from tests.unit import nvml_replay
-from torchwatch.readings import SourceStatus, Status
-from torchwatch.rules_engine import load_rules
-from torchwatch.session import Session, SessionOptions
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.model.readings import SourceStatus, Status
 from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, PROC_NOT_TREE, NvmlSource
+from torchwatch.watch.session import Session, SessionOptions
 
 
 @pytest.fixture
@@ -71,13 +71,13 @@ def test_without_nvml_there_is_no_gpm_source(session: Session) -> None:
 
 def test_own_usage_reports_cpu_and_memory(session: Session) -> None:
     usage = session.own_usage()
-    assert usage["torchwatch_cpu_s"] > 0 and usage["max_rss_bytes"] > 1_000_000
-    assert usage["pyspy_cpu_s"] == 0.0
+    assert usage.torchwatch_cpu_s > 0 and usage.max_rss_bytes > 1_000_000
+    assert usage.pyspy_cpu_s == 0.0
 
 
 def test_store_window_copies_only_the_kinds_asked_for() -> None:
-    from torchwatch.readings import HookState
-    from torchwatch.store import Store
+    from torchwatch.analysis.store import Store
+    from torchwatch.model.readings import HookState
 
     store = Store()
     store.add([HookState(t=1.0, pid=1, steps=0, batches=0, data_wait_s=0.0, in_next_since=0.0)])

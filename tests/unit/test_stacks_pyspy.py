@@ -1,4 +1,4 @@
-"""torchwatch.stacks and the py-spy raw parser, on recorded py-spy output and synthetic frames."""
+"""torchwatch.analysis.stacks and the py-spy raw parser, on recorded py-spy output and synthetic frames."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from torchwatch import stacks
-from torchwatch.readings import Frame, Role, StackSample, Status
+from torchwatch.analysis import stacks
+from torchwatch.model.readings import Frame, Role, StackSample, Status
 from torchwatch.sources import pyspy
 from torchwatch.sources.pyspy import explain_failure, parse_raw
 

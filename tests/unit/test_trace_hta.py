@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.hookrun import hook_script, result
-from torchwatch import report
+from torchwatch.faces.burst import burst_lines
+from torchwatch.hook.wire import BurstResult
 
 hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
 
@@ -23,7 +24,7 @@ def test_hta_loads_a_real_bursts_folder(tmp_path: Path) -> None:
     last = result(proc)["state"]["burst"]["last"]
     folder = Path(last["trace_dir"])
     assert (folder.parent / "burst-1.summary.json").exists()  # beside the folder, not in it
-    lines = report.burst_lines(last)
+    lines = burst_lines(BurstResult.decode(last, "last"))
     assert f"    its folder: {folder} (HolisticTraceAnalysis; TensorBoard: its parent)" in lines
 
     analysis = hta.TraceAnalysis(trace_dir=str(folder))

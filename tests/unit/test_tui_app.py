@@ -12,12 +12,14 @@ from typing import Any
 from rich.console import Console
 from textual.widgets import Log, Static, TabbedContent
 
-from tests.unit.test_tui_recorded import MAIN, NOW, FakeSession, HookedSession, recorded_session
-from torchwatch.readings import SourceStatus, Status
-from torchwatch.tui import views
-from torchwatch.tui.app import WatchApp
-from torchwatch.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
-from torchwatch.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
+from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_session
+from torchwatch.faces import report
+from torchwatch.faces.tui.app import WatchApp
+from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
+from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
+from torchwatch.hook import wire
+from torchwatch.model.observation import ProcessRow
+from torchwatch.model.readings import HookState, SourceStatus, Status
 
 Check = Callable[[WatchApp, Any], Awaitable[None]]
 
@@ -34,7 +36,8 @@ class FakeChild:
         return self.returncode
 
 
-def run(session: Any, check: Check, size: tuple[int, int] = (100, 30), **kwargs: Any) -> WatchApp:
+def run(session: RecordedWatch, check: Check, size: tuple[int, int] = (100, 30), **kwargs: Any) -> WatchApp:
+    session.child = kwargs.get("child")  # the session knows the command it launched, as the app does
     app = WatchApp(session, clock=lambda: NOW, **kwargs)
 
     async def go() -> None:
@@ -73,12 +76,12 @@ def test_verdict_first_with_the_top_fix_and_sources() -> None:
 
 def test_starting_then_live_update_from_the_reader_thread() -> None:
     recorded = recorded_session()
-    session = FakeSession(store=recorded.store)
+    session = RecordedWatch(store=recorded.store)
 
     async def check(app: WatchApp, pilot: Any) -> None:
         assert text_of(app, "#verdict").startswith("starting")
         assert "No finding yet" in plain(app.query_one(FindingsList).get_option_at_index(0).prompt)
-        session.latest = recorded.latest  # the reader thread picks it up on its own
+        session.analysis = recorded.analysis  # the reader thread picks it up on its own
         for _ in range(100):
             await pilot.pause(0.02)
             if "dataloader-bound" in text_of(app, "#verdict"):
@@ -99,7 +102,7 @@ def test_enter_drills_into_the_evidence_and_escape_comes_back() -> None:
         assert "data_wait_queue_share" in table and "59%" in table and "waiting on DataLoader worker" in table
         states = text_of(app, "#ev-states")
         assert "loop thread (/proc, 10 Hz): sync 71% · running 29%" in states
-        assert "worker 4280 85% CPU 415 MB" in states
+        assert "worker 4280 85% CPU 396 MiB" in states  # 415 MB
         stacks = screen.query_one(StackTable)
         assert {r.category for r in stacks.stack_rows} >= {"data/queue", "fetch"}
         assert "forward" not in {r.category for r in stacks.stack_rows}  # only the stacks behind it
@@ -146,14 +149,14 @@ def test_panels_by_tab_arrows_and_numbers_and_sortable_processes() -> None:
 def test_updated_cells_widen_their_column() -> None:
     async def check(app: WatchApp, pilot: Any) -> None:
         table = app.query_one(ProcessTable)
-        row = views.ProcessRow(1, "main", "python", 5.0, 12_000_000, 0.0, "R1", 1)
+        row = ProcessRow(1, "main", "python", 5.0, 512, 0.0, "R1", 1)
         table.processes = (row,)
         await pilot.pause()
         wider = dataclasses.replace(row, rss_bytes=1_234_567_000_000)  # same row, wider text
         table.processes = (wider,)
         await pilot.pause()
-        assert str(table.get_cell("1", "rss")) == "1234.6 GB"
-        assert table.columns["rss"].content_width >= len("1234.6 GB")  # type: ignore[index]
+        assert str(table.get_cell("1", "rss")) == "1.1 TiB"  # wider than "512 B"
+        assert table.columns["rss"].content_width >= len("1.1 TiB")  # type: ignore[index]
 
     run(recorded_session(), check)
 
@@ -186,7 +189,6 @@ def test_without_hook_burst_is_greyed_out_and_says_why() -> None:
 
 def test_with_hook_b_requests_a_burst_and_shows_the_last_one() -> None:
     session = recorded_session(hooked=True)
-    assert isinstance(session, HookedSession)
 
     async def check(app: WatchApp, pilot: Any) -> None:
         assert app.check_action("burst", ()) is True
@@ -203,7 +205,10 @@ def test_with_hook_b_requests_a_burst_and_shows_the_last_one() -> None:
         ops = app.query_one("#burst-ops")
         assert ops.row_count == 2  # type: ignore[attr-defined]
         # a burst in flight greys b out again
-        session.hook = dict(session.hook or {}, burst={"state": "running"})
+        last = session.store.latest(HookState)
+        assert last is not None and last.record is not None and last.record.burst is not None
+        running = dataclasses.replace(last.record.burst, state="running")
+        session.store.add([dataclasses.replace(last, record=dataclasses.replace(last.record, burst=running))])
         app.refresh_view()
         await pilot.pause()
         assert app.check_action("burst", ()) is None
@@ -218,7 +223,7 @@ def test_nvml_available_shows_a_card_per_gpu() -> None:
         assert len(cards) == 2
         first = plain(cards.first(Static).content)
         assert "GPU 0 NVIDIA A100-SXM4-40GB  (used by the training)" in first
-        assert "power 171 / 400 W (43%)" in first and "memory 12.6 GB / 40.0 GB" in first
+        assert "power 171 / 400 W (43%)" in first and "memory 11.7 GiB / 37.3 GiB" in first  # 12.6 GB / 40.0 GB
         assert "util 51% (training 51%)" in first
         assert "SM activity n/a: GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)" in first
         sm_trend = app.query_one("#gpu-0").query(Trend)[1]
@@ -230,10 +235,10 @@ def test_nvml_available_shows_a_card_per_gpu() -> None:
 
 def test_target_exit_in_attach_keeps_the_last_verdict_and_q_quits() -> None:
     base = recorded_session()
-    session = FakeSession(store=base.store, latest=None, last_alive=base.latest)
+    session = RecordedWatch(store=base.store, analysis=base.analysis)
 
     async def check(app: WatchApp, pilot: Any) -> None:
-        session.target_gone = True
+        session.gone = True
         session.ended_at = NOW - 5.0
         session.sources["psutil"] = SourceStatus(Status.GONE, "the target process exited")
         app.refresh_view()
@@ -300,12 +305,12 @@ def test_q_in_run_mode_escape_stays() -> None:
 
 def test_pause_freezes_the_display_not_the_sampling() -> None:
     recorded = recorded_session()
-    session = FakeSession(store=recorded.store)
+    session = RecordedWatch(store=recorded.store)
 
     async def check(app: WatchApp, pilot: Any) -> None:
         await pilot.press("p")
         assert app.paused and "PAUSED" in str(app.query_one("#top").border_subtitle)
-        session.latest = recorded.latest
+        session.analysis = recorded.analysis
         app.refresh_view()  # a snapshot arrives while paused
         await pilot.pause()
         assert text_of(app, "#verdict").startswith("starting")
@@ -342,8 +347,7 @@ def test_e_report_carries_the_hook_summary(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("torchwatch-report-5151-*.json")
     data = json.loads(path.read_text())
     assert data["target"]["cmdline"] == ["python", "train.py"]
-    if "hook" in data:  # reports that carry the hook's summary
-        assert data["hook"]["steps"] == 1234
+    assert data["hook"]["steps"] == 1234  # the report carries what the hook measured
 
 
 def test_question_mark_lists_every_binding() -> None:
@@ -403,3 +407,58 @@ def test_duration_ends_the_app() -> None:
         assert not app.is_running
 
     run(recorded_session(), check, duration=0.1)
+
+
+def _with_device_memory(session: RecordedWatch, cuda: bool, memory: dict[str, int] | None) -> None:
+    """The hook publishes again, as a training that initialised CUDA (and read its allocator) would:
+    its hook.json goes through the reader's decoder like any other."""
+    last = session.store.latest(HookState)
+    assert last is not None and last.record is not None
+    data = {**last.record.to_json(), "cuda_initialized": cuda}
+    if memory is not None:
+        data["device_memory"] = memory
+    session.store.add([dataclasses.replace(last, record=wire.HookRecord.decode(data))])
+
+
+def test_memory_panel_shows_the_allocator_the_hook_publishes_and_why_not() -> None:
+    session = recorded_session(gpus=True, hooked=True)
+    gib = 1 << 30
+
+    def device_text(app: WatchApp) -> str:
+        return text_of(app, "#memory-device")
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("6")
+        assert app.query_one(TabbedContent).active == "memory"
+        assert "device used 11.7 GiB / 37.3 GiB (NVML)" in device_text(app)
+        assert "allocator n/a (the hook publishes device memory only when the training initialised CUDA)" in (
+            device_text(app)
+        )
+        _with_device_memory(session, cuda=True, memory=None)
+        app.refresh_view()
+        await pilot.pause()
+        assert "allocator n/a (the hook has not published device memory)" in device_text(app)
+        memory = {"device": 0, "allocated_bytes": 9 * gib, "reserved_bytes": 10 * gib, "peak_bytes": 19 * gib // 2}
+        _with_device_memory(session, cuda=True, memory=memory)
+        app.refresh_view()
+        await pilot.pause()
+        assert "allocator 9.0 GiB allocated / 10.0 GiB reserved (peak 9.5 GiB)" in device_text(app)
+
+    run(session, check, size=(120, 30))
+    data = report.build(session.observe())
+    assert data["hook"]["device_memory"] == {
+        "allocated_bytes": 9 * gib,
+        "reserved_bytes": 10 * gib,
+        "peak_bytes": 19 * gib // 2,
+        "why": None,
+    }
+
+
+def test_memory_panel_without_a_hook_says_so() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("6")
+        text = text_of(app, "#memory-device")
+        assert "device used n/a (no NVML reading)" in text
+        assert "allocator n/a (no hook in the process: device memory comes from the in-process hook)" in text
+
+    run(recorded_session(), check, size=(140, 30))

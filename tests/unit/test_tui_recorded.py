@@ -1,23 +1,30 @@
-"""Recorded readings and fake sessions for the TUI tests (and a check that they diagnose as recorded).
+"""Recorded readings for the TUI tests, replayed through the real Observation builder (and a check
+that they diagnose as recorded).
 
 The stacks are py-spy's own output for a DataLoader training with two workers
 (``tests/fixtures/pyspy/dataloader_nw2_subprocesses.raw``), replayed as four 3 s chunks; the
 process, thread and GPU readings follow the same run's shape (the loop waits on two busy
-workers). The clock is frozen at :data:`NOW`: nothing on screen depends on the wall clock.
+workers), and so does the hook's ``hook.json`` (``tests/fixtures/hook``), read through the wire
+decoder. The clock is frozen at :data:`NOW`: nothing on screen depends on the wall clock.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from torchwatch import features as feats
-from torchwatch.diagnosis import Analysis, Diagnoser
-from torchwatch.readings import (
+from torchwatch.analysis import features as feats
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.store import Store
+from torchwatch.hook import wire
+from torchwatch.model.observation import Observation, SelfUsage, VerdictChange
+from torchwatch.model.readings import (
     GpuSample,
+    HookState,
     ProcessSample,
     Role,
     SourceStatus,
@@ -26,13 +33,14 @@ from torchwatch.readings import (
     ThreadSample,
     Wait,
 )
-from torchwatch.rules_engine import load_rules
 from torchwatch.sources.pyspy import parse_raw
-from torchwatch.store import Store
+from torchwatch.watch.observe import NO_HOOK, Tick, Trends, observe, target_view
 
 NOW = 60.0
 MAIN, WORKERS, HELPER = 4236, (4279, 4280), 4250
-PYSPY = Path(__file__).resolve().parent.parent / "fixtures" / "pyspy" / "dataloader_nw2_subprocesses.raw"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+PYSPY = FIXTURES / "pyspy" / "dataloader_nw2_subprocesses.raw"
+HOOK_JSON = FIXTURES / "hook" / "dataloader_nw2.hook.json"
 A100_NO_GPM = "GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)"
 NVML_MISSING = SourceStatus.unavailable(
     "NVML library not found (no NVIDIA driver)", "install the NVIDIA driver, or ignore on a CPU-only machine"
@@ -185,19 +193,6 @@ def analyse(store: Store) -> Analysis:
     return d.evaluate(f, NOW)
 
 
-@dataclass
-class _Node:
-    cmdline: tuple[str, ...]
-
-
-@dataclass
-class _Tree:
-    root: int = MAIN
-
-    def nodes(self) -> dict[int, _Node]:
-        return {MAIN: _Node(("python", "train.py"))}
-
-
 def _sources(gpus: bool) -> dict[str, SourceStatus]:
     return {
         "psutil": SourceStatus.ok(),
@@ -208,104 +203,98 @@ def _sources(gpus: bool) -> dict[str, SourceStatus]:
     }
 
 
+def hook_readings(record: wire.HookRecord) -> list[HookState]:
+    """The hook's readings of the last ten seconds (1 Hz): 3.2 steps/s, 62 % of the time in
+    DataLoader ``__next__``, 32 steps of 290 ms (the last four of 340 ms), ``record`` published."""
+    durations = [0.29] * 28 + [0.34] * 4
+    ends = [NOW - 10.0 + (j + 1) * 10.0 / len(durations) for j in range(len(durations))]
+    reads = []
+    for k, t in enumerate(range(int(NOW) - 10, int(NOW) + 1)):
+        new = tuple((e, d, 0.62 * d) for e, d in zip(ends, durations, strict=True) if t - 1 < e <= t)
+        reads.append(
+            HookState(
+                t=float(t),
+                pid=MAIN,
+                steps=1202 + round(3.2 * k),
+                batches=1204 + round(3.2 * k),
+                data_wait_s=0.62 * k,
+                in_next_since=0.0,
+                new_steps=new,
+                first_step_t=3.5,
+                record=record,
+            )
+        )
+    return reads
+
+
+def recorded_record() -> wire.HookRecord:
+    """The hook's ``hook.json`` of the recorded training (tests/fixtures/hook), checked by the reader's decoder."""
+    return wire.HookRecord.decode(json.loads(HOOK_JSON.read_text()))
+
+
 @dataclass
-class FakeSession:
-    """What WatchApp reads from today's Session (no hook): recorded readings, canned analyses."""
+class RecordedWatch:
+    """A watched training replayed from recorded readings: every :meth:`observe` runs the real
+    Observation builder (:func:`torchwatch.watch.observe.observe`) over the store, as the session does.
+
+    Attributes besides the readings are what a session knows: its sources' statuses, the hook
+    source's status (``None``: no hook source), whether a burst may be asked for, the launched
+    command, whether the target is gone and when its readings end.
+    """
 
     store: Store = field(default_factory=recorded_store)
-    latest: Analysis | None = None
-    last_alive: Analysis | None = None
-    target_gone: bool = False
-    ended_at: float | None = None
-    main_pid: int | None = MAIN
-    tree: _Tree = field(default_factory=_Tree)
-    options: Any = field(default_factory=lambda: SimpleNamespace(window_s=10.0))
-    history: list[tuple[float, str]] = field(default_factory=lambda: [(2.0, "undetermined"), (8.0, "dataloader-bound")])
+    analysis: Analysis | None = None
     sources: dict[str, SourceStatus] = field(default_factory=lambda: _sources(False))
-
-    def statuses(self) -> dict[str, SourceStatus]:
-        return dict(self.sources)
-
-    def own_usage(self) -> dict[str, float]:
-        return {"torchwatch_cpu_s": 1.0, "pyspy_cpu_s": 0.5, "wall_s": 60.0, "cpu_pct_of_core": 2.5}
-
-
-def hook_summary(burst: bool = True) -> dict[str, Any]:
-    """A hook summary as the session publishes it, with a finished burst."""
-    last = {
-        "id": 3,
-        "steps": 5,
-        "step_time_ms": 312.5,
-        "breakdown_share": {
-            "kernel": 0.08,
-            "memcpy": 0.02,
-            "memset": 0.0,
-            "communication": 0.0,
-            "runtime": 0.05,
-            "dataloader": 0.61,
-            "cpu_exec": 0.2,
-            "other": 0.04,
-        },
-        "phases_share": {"data": 0.62, "forward": 0.14, "backward": 0.17, "optimizer": 0.05, "other": 0.02},
-        "gpu_idle_share": 0.71,
-        "top_cpu_ops": [
-            {"name": "aten::conv2d", "self_ms": 41.2, "calls": 40},
-            {"name": "aten::addmm", "self_ms": 12.5, "calls": 20},
-        ],
-        "top_kernels": [{"name": "sm80_xmma_fprop_implicit_gemm", "total_ms": 18.3, "calls": 40}],
-        "trace_path": "/tmp/torchwatch-0/4236/burst-3.pt.trace.json",
-        "events": 18234,
-        "rss_before_bytes": 950_000_000,
-        "rss_after_bytes": 1_010_000_000,
-    }
-    return {
-        "status": "ok",
-        "reason": None,
-        "steps": 1234,
-        "steps_per_s": 3.2,
-        "step_time_ms": {"p50": 290.0, "p95": 340.0},
-        "data_wait_fraction": 0.62,
-        "dataloader": {
-            "num_workers": 2,
-            "batch_size": 32,
-            "pin_memory": False,
-            "prefetch_factor": 2,
-            "persistent_workers": True,
-            "batch_bytes": 1_572_864,
-        },
-        "usable_cpus": 2.0,
-        "amp": {"autocast": False, "dtype": None, "grad_scaler": False},
-        "burst": {"state": "idle"},
-        "last_burst": last if burst else None,
-        "errors": [],
-    }
-
-
-@dataclass
-class HookedSession(FakeSession):
-    """A session with the in-process hook: summary, burst check and request."""
-
-    hook: dict[str, Any] | None = field(default_factory=hook_summary)
-    can_burst: tuple[bool, str] = (True, "SIGUSR2 to PID 4236")
+    hook_status: SourceStatus | None = None
+    can_burst: tuple[bool, str] = (False, NO_HOOK)
+    child: Any = None
+    gone: bool = False
+    ended_at: float | None = None
+    history: tuple[VerdictChange, ...] = (VerdictChange(2.0, "undetermined"), VerdictChange(8.0, "dataloader-bound"))
+    trends: Trends = field(default_factory=Trends)
     burst_requests: int = 0
+    now: float = NOW
 
-    def hook_summary(self) -> dict[str, Any] | None:
-        return self.hook
-
-    def burst_possible(self) -> tuple[bool, str]:
-        return self.can_burst
+    def observe(self) -> Observation:
+        target = target_view(MAIN, ("python", "train.py"), self.child, self.gone)
+        tick = Tick(
+            now=self.now,
+            end=self.ended_at if self.ended_at is not None else self.now,
+            started=0.0,
+            window_s=10.0,
+            analysis=self.analysis,
+            statuses=tuple(self.sources.items()),
+            focus_pid=MAIN,
+            target=target,
+            hook_status=self.hook_status,
+            burst_possible=(False, "the training has exited") if target.exited else self.can_burst,
+            history=self.history,
+            own_usage=SelfUsage(torchwatch_cpu_s=1.0, pyspy_cpu_s=0.5, wall_s=60.0, cpu_pct_of_core=2.5),
+        )
+        return observe(self.store, tick, self.trends)
 
     def request_burst(self) -> tuple[bool, str]:
         self.burst_requests += 1
         return True, "burst requested: SIGUSR2 sent to PID 4236"
 
 
-def recorded_session(gpus: bool = False, hooked: bool = False) -> FakeSession:
-    """A fake session over the recorded readings, its analysis computed from them."""
+def recorded_session(gpus: bool = False, hooked: bool = False) -> RecordedWatch:
+    """The recorded training, its analysis computed from its readings (with the hook's when ``hooked``)."""
     store = recorded_store(gpus=gpus)
-    analysis = analyse(store)
-    cls = HookedSession if hooked else FakeSession
-    return cls(store=store, latest=analysis, last_alive=analysis, sources=_sources(gpus))
+    if hooked:
+        store.add(hook_readings(recorded_record()))
+    return RecordedWatch(
+        store=store,
+        analysis=analyse(store),
+        sources=_sources(gpus),
+        hook_status=SourceStatus.ok() if hooked else None,
+        can_burst=(True, "SIGUSR2 to PID 4236") if hooked else (False, NO_HOOK),
+    )
+
+
+def recorded_observation(gpus: bool = False, hooked: bool = False) -> Observation:
+    """One Observation of the recorded training, built by the real builder."""
+    return recorded_session(gpus=gpus, hooked=hooked).observe()
 
 
 def test_recorded_readings_are_dataloader_bound() -> None:

@@ -10,16 +10,16 @@ import math
 from typing import Any
 
 from tests.unit.test_tui_recorded import NOW, recorded_session
-from torchwatch.tui.app import WatchApp
+from torchwatch.faces.tui.app import WatchApp
 
 
 def app_over(gpus: bool = False, hooked: bool = False) -> WatchApp:
-    app = WatchApp(recorded_session(gpus=gpus, hooked=hooked), clock=lambda: NOW)
+    watched = recorded_session(gpus=gpus, hooked=hooked)
     if hooked:
-        # a minute of recorded live values (the session keeps no history of them)
-        app.trends.extend("steps_per_s", [(float(t), 3.0 + 0.4 * math.sin(t / 5)) for t in range(60)])
-        app.trends.extend("data_wait_pct", [(float(t), 60.0 + 8 * math.cos(t / 7)) for t in range(60)])
-    return app
+        # a minute of recorded live values (the builder's history of earlier ticks)
+        watched.trends.extend("steps_per_s", [(float(t), 3.0 + 0.4 * math.sin(t / 5)) for t in range(60)])
+        watched.trends.extend("data_wait_pct", [(float(t), 60.0 + 8 * math.cos(t / 7)) for t in range(60)])
+    return WatchApp(watched, clock=lambda: NOW)
 
 
 def test_main_view_80x24_no_gpu_no_hook(snap_compare: Any) -> None:

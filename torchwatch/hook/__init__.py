@@ -15,15 +15,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+# Python processes that are not the training even though they inherit its environment (one list,
+# shared with torchwatch's role assignment).
+from torchwatch.hook.roles import HELPER_MODULE_PREFIXES, HELPER_SCRIPT_DIRS, LAUNCHER_MODULES, LAUNCHER_SCRIPTS
+
 __all__ = ["install", "should_install"]
 
-# Python processes that are not the training even though they inherit its environment.
-_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
-_LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
-_HELPER_MODULE_PREFIXES = ("torch._inductor.",)  # torch.compile's compile workers
-# ... also started as a script path: python .../torch/_inductor/compile_worker/__main__.py
-_HELPER_SCRIPT_DIRS = (os.sep + os.path.join("torch", "_inductor", ""),)
-# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.hook_env).
+# What torchwatch run puts in the environment to pre-load the hook (see torchwatch.watch.lifecycle.hook_env).
 _PRELOAD_VARS = ("TORCHWATCH_HOOK", "TORCHWATCH_HOOK_PATH", "TORCHWATCH_BURST_AT")
 
 
@@ -46,17 +44,17 @@ def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
     for i, a in enumerate(args[:-1]):
         if a == "-c" and "multiprocessing" in args[i + 1]:
             return False, "multiprocessing helper (forkserver / resource tracker)"
-        if a == "-m" and args[i + 1] in _LAUNCHER_MODULES:
+        if a == "-m" and args[i + 1] in LAUNCHER_MODULES:
             return False, f"launcher ({args[i + 1]})"
-        if a == "-m" and args[i + 1].startswith(_HELPER_MODULE_PREFIXES):
+        if a == "-m" and args[i + 1].startswith(HELPER_MODULE_PREFIXES):
             return False, f"torch helper process ({args[i + 1]})"
     mp = sys.modules.get("multiprocessing.process")
     if mp is not None and getattr(mp.current_process(), "_inheriting", False):
         return False, "multiprocessing child (spawn)"
     script = next((a for a in args[1:] if not a.startswith("-")), "")
-    if os.path.basename(script) in _LAUNCHER_SCRIPTS:
+    if os.path.basename(script) in LAUNCHER_SCRIPTS:
         return False, f"launcher ({os.path.basename(script)})"
-    if any(d in os.sep + os.path.normpath(script) for d in _HELPER_SCRIPT_DIRS):
+    if any(d in os.sep + os.path.normpath(script) for d in HELPER_SCRIPT_DIRS):
         return False, f"torch helper process ({os.path.basename(os.path.dirname(script))})"
     return True, ""
 

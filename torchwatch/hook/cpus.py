@@ -1,7 +1,7 @@
 """Usable CPUs of a process: its affinity, capped by its cgroup's CPU quota.
 
 Part of the hook (standard library only, it runs inside the training) and used by the monitor
-too, through :mod:`torchwatch.cpus`. ``os.cpu_count()`` alone is wrong in containers and under
+too (sources, diagnosis advice, doctor). ``os.cpu_count()`` alone is wrong in containers and under
 ``taskset``: advice such as "num_workers=8" must come from here.
 """
 

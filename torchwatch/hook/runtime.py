@@ -91,6 +91,7 @@ def _loader_settings(loader: Any) -> dict[str, Any]:
         "pin_memory": bool(getattr(loader, "pin_memory", False)),
         "prefetch_factor": _count(getattr(loader, "prefetch_factor", None), 1 << 20),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "drop_last": bool(getattr(loader, "drop_last", False)),
         "multiprocessing_context": None if ctx_name is None else _name(ctx_name, 32),
         "dataset": _name(type(getattr(loader, "dataset", None)).__name__),
         "collate_fn": _name(getattr(collate, "__name__", type(collate).__name__)),

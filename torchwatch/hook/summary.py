@@ -49,13 +49,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchwatch.hook.wire import CATEGORIES, IDLE_PARTS, PHASES  # one home: the wire format both sides share
+
 __all__ = ["CATEGORIES", "IDLE_PARTS", "PHASES", "load_trace", "summarize_trace"]
-
-CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
-"""Step-time categories, highest priority first (TensorBoard plugin ``ProfileRole``)."""
-
-PHASES = ("data", "forward", "backward", "optimizer", "other")
-"""Host-side phases of a step (the priority is data > optimizer > backward > forward > other)."""
 
 SHORT_KERNEL_US = 10.0
 """A kernel shorter than this (µs) counts as short in ``short_kernel_share`` (HTA flags < 50 µs)."""
@@ -67,9 +63,6 @@ HTA's default threshold is 30 ns; a kernel queued behind another starts a few µ
 device-side launch latency), so gaps of that size are launch overhead too; longer ones with work queued are
 waits on something else (an event, another stream) and count as ``other``.
 """
-
-IDLE_PARTS = ("host_wait", "kernel_wait", "other")
-"""The parts of GPU idle time in ``gpu_idle_split_ms`` / ``gpu_idle_split_share``."""
 
 PAGEABLE_H2D = "Memcpy HtoD (Pageable -> Device)"
 """kineto's name for a host-to-device copy from pageable (not pinned) host memory."""

@@ -31,7 +31,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 __all__ = [
+    "CATEGORIES",
     "COUNTERS_FILE",
+    "IDLE_PARTS",
+    "LOADER_SETTINGS",
+    "PHASES",
     "REQUEST_FILE",
     "SCHEMA",
     "STATE_FILE",
@@ -40,6 +44,7 @@ __all__ = [
     "BurstResult",
     "BurstState",
     "CounterSnapshot",
+    "DeviceMemory",
     "HookRecord",
     "Instance",
     "LoaderInfo",
@@ -327,10 +332,15 @@ def _opt(v: object, where: str, decode: Callable[[object, str], _T]) -> _T | Non
 
 
 # -- hook.json ----------------------------------------------------------------------------------
-# Step-time categories and phases of a burst summary (torchwatch.hook.summary.CATEGORIES / PHASES).
 CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec", "other")
+"""Step-time categories of a burst summary, highest priority first (TensorBoard plugin ``ProfileRole``)."""
+
 PHASES = ("data", "forward", "backward", "optimizer", "other")
-IDLE_PARTS = ("host_wait", "kernel_wait", "other")  # torchwatch.hook.summary.IDLE_PARTS
+"""Host-side phases of a step (the priority is data > optimizer > backward > forward > other)."""
+
+IDLE_PARTS = ("host_wait", "kernel_wait", "other")
+"""The parts of GPU idle time in ``gpu_idle_split_ms`` / ``gpu_idle_split_share``."""
+
 BURST_STATES = ("idle", "armed", "running", "summarizing")
 BURST_MODES = ("", "steps", "window")
 MAX_LOADERS = 16
@@ -349,7 +359,7 @@ class LoaderInfo:
 
     Attributes:
         num_workers, batch_size, prefetch_factor: as passed (``None`` when not set, e.g.
-            ``batch_size`` with a ``batch_sampler``). pin_memory, persistent_workers: as passed.
+            ``batch_size`` with a ``batch_sampler``). pin_memory, persistent_workers, drop_last: as passed.
         multiprocessing_context: ``fork``, ``spawn``, ``forkserver`` or ``None``.
         dataset, collate_fn: type or function names. batches: batches taken. wait_s: s in
         ``__next__``. batch_bytes: bytes of the tensors of the first batch (``None``: not yet).
@@ -366,6 +376,7 @@ class LoaderInfo:
     batches: int
     wait_s: float
     batch_bytes: int | None
+    drop_last: bool = False
 
     @classmethod
     def decode(cls, value: object, where: str) -> LoaderInfo:
@@ -383,11 +394,18 @@ class LoaderInfo:
             batches=o.integer("batches", 0, _U63),
             wait_s=o.number("wait_s", 0.0, _TIME_MAX),
             batch_bytes=o.integer("batch_bytes", 0, _U63, optional=True),
+            drop_last=o.flag("drop_last", optional=True) or False,
         )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (the keys torchwatch's report shows)."""
         return dict(self.__dict__)
+
+
+LOADER_SETTINGS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last")
+"""The :class:`LoaderInfo` fields that are settings the user passed, in the order the report and
+the TUI show them (each face iterates this list: a new setting is a field, its decoding, and a
+name here)."""
 
 
 @dataclass(frozen=True)
@@ -637,6 +655,36 @@ class BurstState:
 
 
 @dataclass(frozen=True)
+class DeviceMemory:
+    """The CUDA caching allocator of the training's current device, as the hook read it
+    (``torch.cuda.memory_allocated`` / ``memory_reserved`` / ``max_memory_allocated``), bytes.
+
+    Optional in ``hook.json``: the hook writes it only once the training has initialised CUDA
+    (it never creates a CUDA context itself).
+    """
+
+    device: int
+    allocated_bytes: int
+    reserved_bytes: int
+    peak_bytes: int | None = None
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> DeviceMemory:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            o.integer("device", 0, 1 << 16),
+            o.integer("allocated_bytes", 0, _U63),
+            o.integer("reserved_bytes", 0, _U63),
+            o.integer("peak_bytes", 0, _U63, optional=True),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class HookRecord:
     """Everything ``hook.json`` holds: who publishes (the process instance), the burst
     signal and whether the hook owns its handler, the training's settings, the burst state and
@@ -665,6 +713,7 @@ class HookRecord:
     dataloaders: tuple[LoaderInfo, ...] = ()
     burst: BurstState | None = None
     errors: tuple[str, ...] = ()
+    device_memory: DeviceMemory | None = None
 
     @classmethod
     def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
@@ -694,6 +743,7 @@ class HookRecord:
             dataloaders=tuple(LoaderInfo.decode(v, w) for v, w in o.items("dataloaders", MAX_LOADERS)),
             burst=_opt(o.d.get("burst"), f"{where}.burst", BurstState.decode),
             errors=tuple(_text_item(v, w) for v, w in o.items("errors", MAX_ERRORS)),
+            device_memory=_opt(o.d.get("device_memory"), f"{where}.device_memory", DeviceMemory.decode),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -716,6 +766,7 @@ class HookRecord:
             "dataloaders": [d.to_json() for d in self.dataloaders],
             "burst": None if self.burst is None else self.burst.to_json(),
             "errors": list(self.errors),
+            **({} if self.device_memory is None else {"device_memory": self.device_memory.to_json()}),
         }
 
 

@@ -1,6 +1,6 @@
 """Sources: one module per external system, and the only place that system is imported.
 
-A source is polled by its own sampler thread (see :mod:`torchwatch.session`). ``sample()``
+A source is polled by its own sampler thread (see :mod:`torchwatch.watch.session`). ``sample()``
 may block (py-spy blocks for one recording chunk); it returns readings and never raises
 for a target that exited or a missing library: it sets ``status`` instead.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from torchwatch.readings import SourceStatus
+from torchwatch.model.readings import SourceStatus
 
 
 class Source(Protocol):

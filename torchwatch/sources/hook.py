@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch.hook import publish, wire
-from torchwatch.readings import HookState, SourceStatus, Status
-from torchwatch.target import catches
+from torchwatch.model.readings import HookState, SourceStatus, Status
+from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
 
@@ -250,8 +250,8 @@ class HookReader:
 
     def read(self, now: float) -> HookState | None:
         """One reading, or ``None`` when the hook has not published (yet) or was refused."""
-        info = self.info()
-        if info is None:
+        rec = self.record()
+        if rec is None:
             return None
         snap = self.counters()
         if snap is None:
@@ -269,7 +269,7 @@ class HookReader:
             in_next_since=snap.in_next_since,
             new_steps=new,
             first_step_t=snap.first_step_t,
-            info=info,
+            record=rec,
         )
 
     # -- bursts -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchwatch.readings import GpuSample, SourceStatus, Status
+from torchwatch.model.readings import GpuSample, SourceStatus, Status
 
 LIBRARY_NOT_FOUND = "NVML library not found (no NVIDIA driver)"
 NO_GPU = "no NVIDIA GPU found"

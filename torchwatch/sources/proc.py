@@ -26,8 +26,9 @@ from pathlib import Path
 
 import psutil
 
-from torchwatch.cpus import usable_cpus
-from torchwatch.readings import (
+from torchwatch.hook.cpus import usable_cpus
+from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
+from torchwatch.model.readings import (
     ProcessSample,
     Role,
     SourceStatus,
@@ -37,9 +38,24 @@ from torchwatch.readings import (
 )
 
 # Launchers start ranks; they are watched for exit but never diagnosed as the training.
-_LAUNCHER_MARKERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
-_HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "multiprocessing.forkserver")
-_SPAWN_MARKERS = ("multiprocessing.spawn", "spawn_main", "multiprocessing.popen_spawn")
+_LAUNCHER_MARKERS = LAUNCHER_SCRIPTS + LAUNCHER_MODULES
+_HELPER_MARKERS = MP_HELPER_MARKERS
+_SPAWN_MARKERS = SPAWN_MARKERS
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler for ``signum`` (``/proc/PID/status`` ``SigCgt``, bit signum-1).
+
+    A signal such as SIGUSR2 kills a process that does not catch it (kineto#406), so this is
+    checked before any signal torchwatch sends to ask something of a process.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torchwatch.readings import Frame, Role, SourceStatus, StackSample, Status
+from torchwatch.model.readings import Frame, Role, SourceStatus, StackSample, Status
 
 _FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")

@@ -1,0 +1,198 @@
+"""Rules over features → findings → one verdict.
+
+The label follows the order of :data:`torchwatch.model.labels.LABELS`: the first of gpu-bound,
+io-bound, dataloader-bound, cpu-bound that a warning or critical finding argues for; otherwise ``undetermined``.
+
+Confidence (0..1) says how much of the loop's wall time the winning evidence explains and
+how sure the inputs are: ``min(0.95, 0.5 + measure) * coverage * dominance`` where
+``measure`` is the winning finding's explained share, ``coverage`` grows with the number of
+samples behind the stack and thread shares (full at 3 s of data), and ``dominance`` is
+``measure / max(measure of any deciding finding)`` (lower when a later label explains more).
+
+Stability: a rule's condition must hold for its ``for`` seconds before it fires, and be false
+for as long before it stops firing (hold and release), so a steady run does not flap. While a
+rule of a higher-priority label holds but has not fired yet, a lower label is not announced:
+the previous verdict stays (no "dataloader-bound for one second, then io-bound" at start).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchwatch.analysis import expr
+from torchwatch.analysis.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
+from torchwatch.analysis.rules_engine import Rule, fill
+from torchwatch.analysis.workers import io_bound_workers, suggested_workers
+from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
+from torchwatch.model.labels import PRIORITY as _PRIORITY
+
+__all__ = ["Analysis", "Diagnoser", "Finding", "Fix", "NotApplicable", "Verdict", "template_values"]
+
+
+@dataclass
+class Analysis:
+    """One evaluation of every rule at time ``t``."""
+
+    t: float
+    features: Features
+    findings: list[Finding] = field(default_factory=list)
+    not_applicable: list[NotApplicable] = field(default_factory=list)
+    verdict: Verdict = field(default_factory=lambda: Verdict("undetermined", 0.0, "Collecting evidence."))
+
+
+def template_values(features: Features) -> dict[str, Any]:
+    """Features plus the derived values fix templates may use (:data:`rules_engine.TEMPLATE_VALUES`)."""
+    values: dict[str, Any] = dict(features)
+    cpus = features.get("usable_cpus")
+    values["suggested_workers"] = suggested_workers(cpus) if cpus else None
+    alive, wcpu = features.get("worker_count"), features.get("workers_cpu_pct")
+    values["io_workers"] = (
+        io_bound_workers(cpus, alive, wcpu) if cpus and alive is not None and wcpu is not None else None
+    )
+    set_workers = features.get("dl_num_workers")
+    values["num_workers"] = set_workers if set_workers is not None else features.get("worker_count")
+    values["loader_settings"] = _loader_settings(features)
+    amp = features.get("amp_enabled")
+    values["amp_state"] = "unknown (no hook)" if amp is None else ("autocast on" if amp else "no autocast seen")
+    batch, workers = features.get("dl_batch_bytes"), features.get("dl_num_workers")
+    prefetch = features.get("dl_prefetch_factor") or 2.0
+    values["shm_needed_bytes"] = workers * prefetch * batch if batch is not None and workers else None
+    return values
+
+
+def _loader_settings(f: Features) -> str:
+    """The DataLoader's settings as the user set them (hook), as one phrase."""
+    if f.get("dl_num_workers") is None:
+        workers = f.get("worker_count")
+        # without the hook only the workers alive are known (psutil)
+        return "n/a (no hook)" if workers is None else f"num_workers={workers:.0f}"
+
+    def flag(name: str) -> str:
+        v = f.get(name)
+        return "n/a" if v is None else str(bool(v))
+
+    parts = [f"num_workers={f['dl_num_workers']:.0f}"]
+    if f.get("dl_batch_size") is not None:
+        parts.append(f"batch_size={f['dl_batch_size']:.0f}")
+    parts.append(f"pin_memory={flag('dl_pin_memory')}")
+    if f["dl_num_workers"]:
+        prefetch = f.get("dl_prefetch_factor")
+        parts.append(f"prefetch_factor={'n/a' if prefetch is None else f'{prefetch:.0f}'}")
+        parts.append(f"persistent_workers={flag('dl_persistent_workers')}")
+    return ", ".join(parts)
+
+
+class Diagnoser:
+    """Evaluates rules over successive feature sets, with per-rule hold and release times.
+
+    Args:
+        rules: loaded rules.
+        why_missing: returns why a feature is missing (e.g. the reason of its source), for
+            the report's not-applicable list.
+    """
+
+    def __init__(self, rules: list[Rule], why_missing: Any = None) -> None:
+        self.rules = rules
+        self.why_missing = why_missing or (lambda name: "not measured")
+        self._true_since: dict[str, float] = {}
+        self._false_since: dict[str, float] = {}
+        self._firing: set[str] = set()
+        self._last: Verdict | None = None
+
+    def evaluate(self, features: Features, now: float) -> Analysis:
+        """Evaluate every rule on ``features`` taken at ``now`` (monotonic seconds)."""
+        analysis = Analysis(t=now, features=features)
+        values = template_values(features)
+        for rule in self.rules:
+            try:
+                holds = bool(rule.when.evaluate(values))
+            except expr.Missing as missing:
+                analysis.not_applicable.append(NotApplicable(rule.id, missing.name, self.why_missing(missing.name)))
+                self._firing.discard(rule.id)
+                self._true_since.pop(rule.id, None)
+                continue
+            if not self._update(rule, holds, now):
+                continue
+            analysis.findings.append(self._finding(rule, values))
+        verdict = self._verdict(analysis.findings, features)
+        pending = [
+            r
+            for r in self.rules
+            if r.id in self._true_since
+            and r.id not in self._firing
+            and r.severity != "info"
+            and r.label != "undetermined"
+        ]
+        if any(_PRIORITY[r.label] < _PRIORITY[verdict.label] for r in pending):
+            verdict = self._last or Verdict("undetermined", 0.0, "Collecting evidence: a finding is settling.")
+        self._last = verdict
+        analysis.verdict = verdict
+        return analysis
+
+    def _update(self, rule: Rule, holds: bool, now: float) -> bool:
+        if holds:
+            self._false_since.pop(rule.id, None)
+            since = self._true_since.setdefault(rule.id, now)
+            if now - since >= rule.hold_s:
+                self._firing.add(rule.id)
+        else:
+            self._true_since.pop(rule.id, None)
+            since = self._false_since.setdefault(rule.id, now)
+            if now - since >= rule.hold_s:
+                self._firing.discard(rule.id)
+        return rule.id in self._firing
+
+    @staticmethod
+    def _finding(rule: Rule, values: Mapping[str, Any]) -> Finding:
+        measure = None
+        if rule.measure is not None:
+            try:
+                measure = float(rule.measure.evaluate(values))
+            except (expr.Missing, TypeError, ValueError):
+                measure = None
+        fixes = []
+        for fx in rule.fixes:
+            if fx.when is not None:
+                try:
+                    if not fx.when.evaluate(values):
+                        continue
+                except expr.Missing:
+                    continue
+            fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values)))
+        evidence = {name: values.get(name) for name in rule.evidence}
+        return Finding(
+            rule.id, rule.label, rule.severity, fill(rule.summary, values), measure, evidence, tuple(fixes), rule.source
+        )
+
+    @staticmethod
+    def _verdict(findings: list[Finding], features: Features) -> Verdict:
+        deciding = [f for f in findings if f.severity != "info" and f.label != "undetermined"]
+        stack_n = features.get("stack_samples") or 0.0
+        thread_n = features.get("thread_samples") or 0.0
+        if not deciding:
+            if stack_n < MIN_STACK_SAMPLES and thread_n < MIN_THREAD_SAMPLES:
+                return Verdict("undetermined", 0.0, "Collecting evidence: not enough samples of the loop yet.")
+            idle = [f for f in findings if f.label == "undetermined"]
+            if idle:
+                return Verdict("undetermined", 0.5, idle[0].summary)
+            return Verdict(
+                "undetermined", 0.3, "No resource is seen limiting the loop: no rule's threshold is crossed."
+            )
+        deciding.sort(key=lambda f: (_PRIORITY[f.label], -(f.measure or 0.0), f.severity != "critical"))
+        win = deciding[0]
+
+        def explained(f: Finding) -> float:
+            # A rule without a measure claims a modest share; finite and within 0..1 always.
+            m = f.measure if f.measure is not None and math.isfinite(f.measure) else 0.3
+            return min(1.0, max(0.0, m))
+
+        measure = explained(win)
+        best = max(explained(f) for f in deciding)
+        dominance = measure / best if best > 0 else 1.0
+        # 60 stack samples = 3 s at 20 Hz; 30 thread samples = 3 s at 10 Hz.
+        coverage = min(1.0, max(stack_n / 60.0, thread_n / 30.0))
+        confidence = min(0.95, 0.5 + measure) * coverage * dominance
+        return Verdict(win.label, min(0.95, max(0.05, confidence)), win.summary)

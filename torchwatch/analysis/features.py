@@ -1,0 +1,672 @@
+"""Features: pure functions from a :class:`~torchwatch.analysis.store.Window` to named numbers.
+
+Every feature is declared once in :data:`CATALOGUE` with its unit and source; a value that
+cannot be computed (source unavailable, too few samples) is ``None``, never 0.
+
+Shares are fractions of the training loop's wall time, 0..1. "The loop" is the main thread
+of the first training process (rank). Stack shares come from py-spy; thread-state shares
+come from ``/proc`` sampled independently at 10 Hz. The two are joined by attribution:
+with ``num_workers=0`` the DataLoader runs in the main thread, so its disk, sleep and socket
+waits are counted against the time the stacks show in the DataLoader first (see
+:func:`_attribute_fetch`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+
+from torchwatch.analysis import stacks
+from torchwatch.analysis.store import Window
+from torchwatch.model.observation import FeatureSpec
+from torchwatch.model.readings import GpuSample, HookState, Role, ThreadSample, Wait
+
+MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
+MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state shares are None
+
+
+def _specs(*rows: tuple[str, str, str, str]) -> dict[str, FeatureSpec]:
+    return {r[0]: FeatureSpec(*r) for r in rows}
+
+
+CATALOGUE: dict[str, FeatureSpec] = _specs(
+    ("stack_samples", "count", "py-spy", "main-thread samples of the loop in the window (startup excluded)"),
+    ("startup_share", "share", "py-spy", "main-thread samples spent importing modules"),
+    (
+        "data_wait_share",
+        "share",
+        "py-spy",
+        "loop time inside a DataLoader iterator (__next__ / __iter__); the hook's measurement when present",
+    ),
+    (
+        "data_wait_queue_share",
+        "share",
+        "py-spy",
+        "loop time waiting on DataLoader worker processes (scaled to the hook's measured wait)",
+    ),
+    (
+        "data_wait_fetch_share",
+        "share",
+        "py-spy",
+        "loop time running the dataset / collate in the main thread (scaled to the hook's measured wait)",
+    ),
+    ("data_wait_start_share", "share", "py-spy", "loop time starting DataLoader workers"),
+    ("forward_share", "share", "py-spy", "loop time in nn.Module calls"),
+    ("backward_share", "share", "py-spy", "loop time in autograd backward"),
+    ("optimizer_share", "share", "py-spy", "loop time in torch.optim (step, zero_grad)"),
+    ("other_code_share", "share", "py-spy", "loop time in other code (user Python, direct tensor ops)"),
+    ("thread_samples", "count", "proc", "main-thread state samples in the window"),
+    ("main_running_share", "share", "proc", "main thread on a CPU or runnable (state R), less kernel time of reads"),
+    (
+        "main_disk_share",
+        "share",
+        "proc",
+        "main thread on storage: state D or a file read, plus the kernel CPU of those reads",
+    ),
+    ("main_sys_share", "share", "proc", "main thread in kernel mode (stime / wall time)"),
+    ("main_runqueue_share", "share", "proc", "main thread ready to run but waiting for a CPU (schedstat)"),
+    ("main_sleep_share", "share", "proc", "main thread in a timer sleep (nanosleep)"),
+    ("main_sync_share", "share", "proc", "main thread waiting on another thread or process (futex, poll, pipe)"),
+    ("main_net_share", "share", "proc", "main thread blocked reading a socket"),
+    ("worker_count", "count", "psutil", "DataLoader worker processes alive now"),
+    ("workers_running_fraction", "share", "proc", "of the workers' producing time, the part on CPU"),
+    ("workers_disk_fraction", "share", "proc", "of the workers' producing time, the part blocked on storage"),
+    ("workers_other_wait_fraction", "share", "proc", "of the workers' producing time, sleeping or on sockets"),
+    ("workers_busy_share", "share", "proc", "workers' main threads producing (not idle on their index queue)"),
+    ("fetch_cpu_share", "share", "py-spy+proc", "loop time the main thread computes samples (num_workers=0)"),
+    ("fetch_disk_share", "share", "py-spy+proc", "loop time the main thread reads storage inside the DataLoader"),
+    (
+        "fetch_other_wait_share",
+        "share",
+        "py-spy+proc",
+        "loop time the main thread sleeps / reads sockets inside the DataLoader",
+    ),
+    (
+        "input_cpu_share",
+        "share",
+        "py-spy+proc",
+        "loop time lost to CPU work of the data pipeline (main thread or workers)",
+    ),
+    ("storage_wait_share", "share", "py-spy+proc", "loop time lost to storage reads (main thread or workers)"),
+    ("storage_wait_async_share", "share", "py-spy+proc", "loop time waiting on workers that wait on storage"),
+    ("input_other_wait_share", "share", "py-spy+proc", "loop time lost to data-pipeline sleeps / socket reads"),
+    ("loop_cpu_share", "share", "py-spy+proc", "main thread on CPU outside the data pipeline"),
+    ("main_cpu_pct", "%", "psutil", "training process CPU, % of one core (all its threads)"),
+    ("workers_cpu_pct", "%", "psutil", "all DataLoader workers' CPU, % of one core"),
+    ("workers_cpu_fraction", "share", "psutil", "the workers' part of the training's CPU (main process + workers)"),
+    ("tree_cpu_saturation", "share", "psutil", "the training's CPU (main process + workers) / usable CPUs"),
+    ("read_bytes_per_s", "bytes/s", "psutil", "storage reads of the whole tree"),
+    ("rss_bytes", "bytes", "psutil", "resident memory of the whole tree"),
+    ("system_cpu_pct", "%", "psutil", "machine CPU busy, % of all CPUs"),
+    ("io_pressure_pct", "%", "psi", "wall time with at least one task stalled on IO (PSI some)"),
+    (
+        "disk_read_bytes_per_s",
+        "bytes/s",
+        "diskstats",
+        "reads of the block device that read the most in the window (machine-wide, iostat rkB/s)",
+    ),
+    ("disk_read_request_bytes", "bytes", "diskstats", "mean bytes per read request on that device (iostat rareq-sz)"),
+    ("disk_read_await_ms", "ms", "diskstats", "mean time per read request, queued + served (iostat r_await)"),
+    (
+        "disk_read_queue",
+        "count",
+        "diskstats",
+        "read requests in flight on average while the device is busy (read part of aqu-sz / %util)",
+    ),
+    ("disk_busy_share", "share", "diskstats", "wall time the device has >= 1 request in flight (iostat %util)"),
+    (
+        "disk_tree_share",
+        "share",
+        "psutil+diskstats",
+        "the training's storage reads / that device's reads (> 1: it reads from elsewhere too)",
+    ),
+    ("swap_in_bytes_per_s", "bytes/s", "vmstat", "machine-wide swap-ins (pswpin), bytes/s"),
+    ("memory_pressure_pct", "%", "psi", "wall time with at least one task stalled on memory (PSI some)"),
+    ("mem_available_bytes", "bytes", "psutil", "memory available without swapping (MemAvailable), lowest in window"),
+    ("usable_cpus", "CPUs", "proc", "CPUs the training may use (affinity, cgroup quota)"),
+    ("gpu_count", "count", "nvml", "GPUs read (those the training uses, else all)"),
+    ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
+    ("gpu_power_ratio", "share", "nvml", "mean power draw / enforced power limit"),
+    ("gpu_mem_ratio", "share", "nvml", "peak device memory used / total"),
+    (
+        "gpu_sm_active_mean",
+        "share",
+        "gpm",
+        "mean share of SMs busy (GPM SM_UTIL, DCGM's SM activity): low while util is high = tiny kernels / gaps",
+    ),
+    ("gpu_sm_occupancy_mean", "share", "gpm", "mean resident warps / the SMs' maximum (GPM SM_OCCUPANCY)"),
+    ("gpu_tensor_active_mean", "share", "gpm", "mean SM time in tensor-core instructions (GPM ANY_TENSOR_UTIL)"),
+    ("gpu_dram_bw_mean", "share", "gpm", "mean device-memory bandwidth used / peak (GPM DRAM_BW_UTIL)"),
+    (
+        "gpu_proc_sm_pct",
+        "%",
+        "nvml",
+        "the training's own SM utilization (per-process samples, its PIDs summed): time one of its kernels ran",
+    ),
+    ("hook_steps_per_s", "steps/s", "hook", "optimizer steps per second, measured in the training process"),
+    ("step_time_p50_ms", "ms", "hook", "median step time (optimizer step to optimizer step)"),
+    ("step_time_p95_ms", "ms", "hook", "95th percentile step time"),
+    (
+        "data_wait_fraction",
+        "share",
+        "hook",
+        "wall time blocked in DataLoader __next__, measured in the training process",
+    ),
+    ("dl_num_workers", "count", "hook", "DataLoader num_workers as set (the most-used loader)"),
+    ("dl_batch_size", "count", "hook", "DataLoader batch_size as set"),
+    ("dl_pin_memory", "flag", "hook", "DataLoader pin_memory as set (1 = True)"),
+    ("dl_prefetch_factor", "count", "hook", "DataLoader prefetch_factor as set (batches per worker)"),
+    ("dl_persistent_workers", "flag", "hook", "DataLoader persistent_workers as set (1 = True)"),
+    ("dl_batch_bytes", "bytes", "hook", "bytes of tensors in one batch (its first)"),
+    ("amp_enabled", "flag", "hook", "autocast seen enabled in the training (1 = yes)"),
+    ("shm_bytes", "bytes", "hook", "size of /dev/shm, where DataLoader workers pass batches"),
+    ("burst_age_s", "s", "burst", "seconds since the last profiler burst started"),
+    ("burst_dataloader_share", "share", "burst", "last burst: step time in DataLoader (TensorBoard plugin priority)"),
+    ("burst_cpu_exec_share", "share", "burst", "last burst: step time in host operators not covered by device work"),
+    ("burst_kernel_share", "share", "burst", "last burst: step time with a device kernel running"),
+    ("burst_gpu_idle_share", "share", "burst", "last burst: step time with no device activity"),
+    (
+        "burst_sync_per_step",
+        "count",
+        "burst",
+        "last burst: host-device sync calls per step (.item(), synchronize, ...)",
+    ),
+    ("burst_cpu_ops_per_step", "count", "burst", "last burst: host operators per step"),
+    ("burst_short_kernel_share", "share", "burst", "last burst: kernels shorter than 10 us"),
+    ("burst_kernels_per_step", "count", "burst", "last burst: device kernels per step"),
+    (
+        "burst_host_wait_share",
+        "share",
+        "burst",
+        "last burst: step time the GPU idles waiting for the host to launch work (HTA host wait)",
+    ),
+    (
+        "burst_kernel_wait_share",
+        "share",
+        "burst",
+        "last burst: step time in short gaps between already-queued kernels (HTA kernel wait: launch overhead)",
+    ),
+    (
+        "burst_pageable_h2d_per_step",
+        "count",
+        "burst",
+        "last burst: host-to-device copies from pageable (not pinned) memory per step",
+    ),
+    ("burst_pageable_h2d_bytes_per_step", "bytes", "burst", "last burst: bytes copied from pageable memory per step"),
+    ("burst_pageable_h2d_share", "share", "burst", "last burst: step time the device spends on those pageable copies"),
+)
+
+Features = dict[str, "float | None"]
+
+
+def _share(counter: Counter[str], key: str, total: int) -> float | None:
+    return counter[key] / total if total else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _stack_features(window: Window, main_pid: int | None) -> Features:
+    phases: Counter[str] = Counter()
+    parts: Counter[str] = Counter()
+    for s in window.stacks:
+        if not s.is_main_thread or (main_pid is not None and s.pid != main_pid):
+            continue
+        ph = stacks.phase(s.frames)
+        phases[ph] += s.count
+        if ph == "data":
+            parts[stacks.data_part(s.frames) or "other"] += s.count
+    startup = phases.pop("startup", 0)
+    total = sum(phases.values())
+    out: Features = {
+        "stack_samples": float(total),
+        "startup_share": startup / (startup + total) if startup + total else None,
+    }
+    enough = total >= MIN_STACK_SAMPLES
+    for key, name in (
+        ("data", "data_wait_share"),
+        ("forward", "forward_share"),
+        ("backward", "backward_share"),
+        ("optimizer", "optimizer_share"),
+        ("other", "other_code_share"),
+    ):
+        out[name] = _share(phases, key, total) if enough else None
+    for key, name in (
+        ("queue", "data_wait_queue_share"),
+        ("fetch", "data_wait_fetch_share"),
+        ("start", "data_wait_start_share"),
+    ):
+        out[name] = _share(parts, key, total) if enough else None
+    return out
+
+
+def _rate(samples: list[ThreadSample], counter: str) -> float | None:
+    """Growth of one thread's cumulative counter (``sys_s``, ``runq_s``) per second of wall time."""
+    timed = [s for s in samples if getattr(s, counter) is not None]
+    if len(timed) < 2 or timed[-1].t - timed[0].t < 1.0:
+        return None
+    grown = float(getattr(timed[-1], counter)) - float(getattr(timed[0], counter))
+    return max(0.0, min(1.0, grown / (timed[-1].t - timed[0].t)))
+
+
+def _io_kernel(sys_share: float | None, disk_share: float) -> float:
+    """Kernel CPU time attributed to storage reads: system time, at most the disk wait itself.
+
+    A storage read costs kernel CPU (syscall, page pinning for O_DIRECT, DMA mapping) beside
+    its disk wait, and the thread is in state R, not D, for that part: measured on a 2-core
+    virtual machine, ~25-30 us of kernel CPU per ~75 us 4 KiB O_DIRECT read. System time also
+    comes from page faults of fresh allocations (41 % of a CPU-bound augmentation loop here),
+    so only as much as the disk wait is attributed: with no disk wait, nothing.
+    """
+    return 0.0 if sys_share is None else min(sys_share, disk_share)
+
+
+def _state_shares(samples: Sequence[ThreadSample]) -> dict[str, float]:
+    """Shares of one thread's (or one group's) samples in each state: ``running`` less the kernel
+    time of storage reads, ``disk`` (state D, file reads, plus that kernel time), ``sleep``,
+    ``sync``, ``net``, ``other``. The one math behind the loop's and the workers' state features
+    and the states every face shows."""
+    counts = Counter(th.wait for th in samples)
+    n = len(samples)
+    disk = (counts[Wait.DISK] + counts[Wait.FILE]) / n
+    io_kernel = _io_kernel(_rate(list(samples), "sys_s"), disk)
+    return {
+        "running": max(0.0, counts[Wait.RUNNING] / n - io_kernel),
+        "disk": min(1.0, disk + io_kernel),
+        "sleep": counts[Wait.SLEEP] / n,
+        "sync": counts[Wait.SYNC] / n,
+        "net": counts[Wait.NET] / n,
+        "other": counts[Wait.OTHER] / n,
+    }
+
+
+def _main_threads(
+    window_threads: Iterable[ThreadSample], main_pid: int | None
+) -> tuple[list[ThreadSample], dict[int, list[ThreadSample]]]:
+    """The loop's main-thread samples (of ``main_pid``, or of any main when ``None``) and each
+    DataLoader worker's main-thread samples (the thread that runs the dataset), by worker pid."""
+    main: list[ThreadSample] = []
+    workers: dict[int, list[ThreadSample]] = defaultdict(list)
+    for th in window_threads:
+        if not th.is_main_thread:
+            continue
+        if th.role is Role.MAIN and (main_pid is None or th.pid == main_pid):
+            main.append(th)
+        elif th.role is Role.WORKER:
+            workers[th.pid].append(th)
+    return main, workers
+
+
+def thread_states(
+    window_threads: Iterable[ThreadSample], main_pid: int | None
+) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    """``(state, share)`` of the loop's main thread and of the workers' main threads (each worker
+    weighted by its samples), largest first, states with no sample left out: the shares the
+    state features are made of (:func:`_state_shares`), for the faces.
+
+    Args:
+        window_threads: thread samples of the window.
+        main_pid: the diagnosed training process; ``None`` takes any main.
+    """
+    main, workers = _main_threads(window_threads, main_pid)
+
+    def ordered(shares: dict[str, float]) -> tuple[tuple[str, float], ...]:
+        return tuple(sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1]))
+
+    loop = ordered(_state_shares(main)) if main else ()
+    total = sum(len(s) for s in workers.values())
+    mixed: dict[str, float] = defaultdict(float)
+    for samples in workers.values():
+        for state, share in _state_shares(samples).items():
+            mixed[state] += share * len(samples) / total
+    return loop, ordered(mixed)
+
+
+def _thread_features(window: Window, main_pid: int | None) -> Features:
+    main, workers = _main_threads(window.threads, main_pid)
+    n = len(main)
+    out: Features = {"thread_samples": float(n)}
+    if n >= MIN_THREAD_SAMPLES:
+        shares = _state_shares(main)
+        out["main_sys_share"] = _rate(main, "sys_s")
+        out["main_runqueue_share"] = _rate(main, "runq_s")
+        out["main_running_share"] = shares["running"]
+        out["main_disk_share"] = shares["disk"]
+        out["main_sleep_share"] = shares["sleep"]
+        out["main_sync_share"] = shares["sync"]
+        out["main_net_share"] = shares["net"]
+
+    running = disk_w = other = 0.0
+    wn = 0
+    for samples in workers.values():
+        k = len(samples)
+        w = _state_shares(samples)  # weight each worker by its number of samples
+        running += k * w["running"]
+        disk_w += k * w["disk"]
+        other += k * (w["sleep"] + w["net"])
+        wn += k
+    producing = running + disk_w + other
+    out["workers_busy_share"] = producing / wn if wn >= MIN_THREAD_SAMPLES else None
+    good = wn >= MIN_THREAD_SAMPLES and producing >= 0.05 * wn
+    out["workers_running_fraction"] = running / producing if good else None
+    out["workers_disk_fraction"] = disk_w / producing if good else None
+    out["workers_other_wait_fraction"] = other / producing if good else None
+    return out
+
+
+def _attribute_fetch(f: Features) -> Features:
+    """Split main-thread data fetching (``num_workers=0``) into CPU, disk and other waits.
+
+    Stacks say *where* the main thread is, ``/proc`` states say *how* it spends the time; they
+    are sampled apart, so waits are attributed to the DataLoader first: storage, sleep and
+    socket waits happen while fetching samples far more often than in forward/backward.
+    """
+    fetch, disk = f.get("data_wait_fetch_share"), f.get("main_disk_share")
+    if fetch is None or disk is None:
+        return {"fetch_cpu_share": None, "fetch_disk_share": None, "fetch_other_wait_share": None}
+    other = (f.get("main_sleep_share") or 0.0) + (f.get("main_net_share") or 0.0)
+    fetch_disk = min(disk, fetch)
+    fetch_other = min(other, fetch - fetch_disk)
+    return {
+        "fetch_disk_share": fetch_disk,
+        "fetch_other_wait_share": fetch_other,
+        "fetch_cpu_share": max(0.0, fetch - fetch_disk - fetch_other),
+    }
+
+
+def _combine(f: Features) -> Features:
+    queue = f.get("data_wait_queue_share")
+    wrun, wdisk, wother = (
+        f.get("workers_running_fraction"),
+        f.get("workers_disk_fraction"),
+        f.get("workers_other_wait_fraction"),
+    )
+    fetch_cpu, fetch_disk, fetch_other = (
+        f.get("fetch_cpu_share"),
+        f.get("fetch_disk_share"),
+        f.get("fetch_other_wait_share"),
+    )
+    out: Features = {}
+
+    def via_workers(frac: float | None) -> float | None:
+        if queue is None:
+            return None
+        if queue < 0.01:
+            return 0.0
+        return None if frac is None else queue * frac
+
+    def add(a: float | None, b: float | None) -> float | None:
+        return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+    main_disk = f.get("main_disk_share")
+    # Main-thread storage waits outside the DataLoader (reads in the loop) count as well.
+    out["storage_wait_async_share"] = via_workers(wdisk)
+    out["storage_wait_share"] = add(main_disk if main_disk is not None else fetch_disk, via_workers(wdisk))
+    out["input_cpu_share"] = add(fetch_cpu, via_workers(wrun))
+    out["input_other_wait_share"] = add(fetch_other, via_workers(wother))
+    running = f.get("main_running_share")
+    out["loop_cpu_share"] = None if running is None or fetch_cpu is None else max(0.0, running - fetch_cpu)
+    return out
+
+
+def _process_features(window: Window, main_pid: int | None) -> Features:
+    out: Features = {}
+    if not window.processes:
+        return {k: None for k in ("main_cpu_pct", "workers_cpu_pct", "read_bytes_per_s", "rss_bytes", "worker_count")}
+    last_t = window.processes[-1].t
+    latest = [p for p in window.processes if p.t == last_t]
+    by_t: dict[float, list[float]] = defaultdict(list)
+    main_cpu: list[float | None] = []
+    reads: dict[float, float] = defaultdict(float)
+    for p in window.processes:
+        if p.role is Role.MAIN and (main_pid is None or p.pid == main_pid):
+            main_cpu.append(p.cpu_pct)
+        elif p.role is Role.WORKER and p.cpu_pct is not None:
+            by_t[p.t].append(p.cpu_pct)
+        if p.read_bytes_per_s is not None:
+            reads[p.t] += p.read_bytes_per_s
+    out["main_cpu_pct"] = _mean(main_cpu)
+    out["workers_cpu_pct"] = _mean(sum(v) for v in by_t.values()) if by_t else (0.0 if main_cpu else None)
+    out["read_bytes_per_s"] = _mean(reads.values())
+    out["rss_bytes"] = float(sum(p.rss_bytes or 0 for p in latest))
+    out["worker_count"] = float(sum(1 for p in latest if p.role is Role.WORKER))
+    return out
+
+
+MIN_DISK_READS = 20  # read requests in the window below which request size, await and queue are None
+
+
+def _system_features(window: Window) -> Features:
+    avail = [s.mem_available_bytes for s in window.system if s.mem_available_bytes is not None]
+    out: Features = {
+        "system_cpu_pct": _mean(s.cpu_pct for s in window.system),
+        "io_pressure_pct": _mean(s.io_some_pct for s in window.system),
+        "usable_cpus": window.system[-1].usable_cpus if window.system else None,
+        "swap_in_bytes_per_s": _mean(s.swap_in_bytes_per_s for s in window.system),
+        "memory_pressure_pct": _mean(s.mem_some_pct for s in window.system),
+        "mem_available_bytes": float(min(avail)) if avail else None,
+    }
+    out.update(_disk_features(window))
+    return out
+
+
+def _disk_features(window: Window) -> Features:
+    """The busiest device's reads over the window, as ratios of window means (iostat's way).
+
+    Each sample names the device that read the most in its second; the window keeps the device
+    with the most bytes in all, and seconds in which another device led count as no reads.
+    """
+    out: Features = dict.fromkeys(
+        ("disk_read_bytes_per_s", "disk_read_request_bytes", "disk_read_await_ms", "disk_read_queue", "disk_busy_share")
+    )
+    timed = [s for s in window.system if s.disk_read_bytes_per_s is not None]
+    if not timed:
+        return out
+    by_disk: Counter[str] = Counter()
+    for s in timed:
+        if s.disk is not None:
+            by_disk[s.disk] += int(s.disk_read_bytes_per_s or 0)
+    top = by_disk.most_common(1)[0][0] if by_disk else None
+    own = [s for s in timed if s.disk == top and top is not None]
+    n = len(timed)
+
+    def mean(attr: str) -> float:
+        return sum(getattr(s, attr) or 0.0 for s in own) / n
+
+    rbytes, reads, inflight, busy = (
+        mean("disk_read_bytes_per_s"),
+        mean("disk_reads_per_s"),
+        mean("disk_read_inflight"),
+        mean("disk_busy"),
+    )
+    out["disk_read_bytes_per_s"] = rbytes
+    if top is None:
+        return out
+    out["disk_busy_share"] = busy
+    if reads * n >= MIN_DISK_READS:  # n samples of about 1 s each
+        out["disk_read_request_bytes"] = rbytes / reads
+        out["disk_read_await_ms"] = 1000.0 * inflight / reads
+        out["disk_read_queue"] = inflight / busy if busy > 0 else None
+    return out
+
+
+def _disk_tree_share(f: Features) -> Features:
+    """The tree's storage reads over the busiest device's, not clipped: above 1 the training reads
+    more than that device serves (another device, or a network file system counted in read_bytes)."""
+    tree, disk = f.get("read_bytes_per_s"), f.get("disk_read_bytes_per_s")
+    return {"disk_tree_share": None if tree is None or not disk else tree / disk}
+
+
+def gpus_in_use(gpus: Sequence[GpuSample]) -> list[GpuSample]:
+    """The readings of the GPUs the training uses (a process of the tree holds a context on them),
+    or of every GPU when it uses none yet: the one choice behind every GPU feature and panel."""
+    used = {g.index for g in gpus if g.target_pids}
+    return [g for g in gpus if not used or g.index in used]
+
+
+def _pct_share(values: Iterable[float | None]) -> float | None:
+    """Mean of percentages as a share 0..1 (GPM readings can stray a little outside 0..100)."""
+    mean = _mean(values)
+    return None if mean is None else max(0.0, min(1.0, mean / 100.0))
+
+
+def _gpu_features(window: Window) -> Features:
+    """GPU readings over the window, on the GPUs the training uses (all GPUs when none is known to be).
+
+    GPM means are over the samples that carried a GPM reading; a GPU without GPM leaves them ``None``,
+    never 0 (its reason is in the sample and in ``sources.gpm``).
+    """
+    samples = gpus_in_use(window.gpus)
+    ratios = [g.power_w / g.power_limit_w for g in samples if g.power_w is not None and g.power_limit_w]
+    mems = [g.mem_used_bytes / g.mem_total_bytes for g in samples if g.mem_used_bytes is not None and g.mem_total_bytes]
+    return {
+        "gpu_count": float(len({g.index for g in samples})) if samples else None,
+        "gpu_util_mean": _mean(g.util_pct for g in samples),
+        "gpu_power_ratio": _mean(ratios),
+        "gpu_mem_ratio": max(mems) if mems else None,
+        "gpu_sm_active_mean": _pct_share(g.sm_active_pct for g in samples),
+        "gpu_sm_occupancy_mean": _pct_share(g.sm_occupancy_pct for g in samples),
+        "gpu_tensor_active_mean": _pct_share(g.tensor_active_pct for g in samples),
+        "gpu_dram_bw_mean": _pct_share(g.dram_bw_pct for g in samples),
+        "gpu_proc_sm_pct": _mean(g.proc_sm_pct for g in samples),
+    }
+
+
+def _cpu_budget(f: Features) -> Features:
+    """How much of the usable CPUs the training takes, and the DataLoader workers' part of it."""
+    main, workers, cpus = f.get("main_cpu_pct"), f.get("workers_cpu_pct"), f.get("usable_cpus")
+    if main is None or workers is None:
+        return {"workers_cpu_fraction": None, "tree_cpu_saturation": None}
+    total = main + workers
+    return {
+        "workers_cpu_fraction": workers / total if total > 0 else None,
+        "tree_cpu_saturation": total / (100.0 * cpus) if cpus else None,
+    }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _hook_features(window: Window, main_pid: int | None) -> Features:
+    """Measured in the training process: steps, step time, DataLoader wait and settings, AMP.
+
+    Step time is optimizer step to optimizer step (``register_optimizer_step_post_hook``); data
+    wait is wall time inside DataLoader ``__next__``, including a ``__next__`` still running at
+    the last read (a stall shows while it lasts).
+    """
+    reads = [h for h in window.hook if main_pid is None or h.pid == main_pid]
+    out: Features = {name: None for name, spec in CATALOGUE.items() if spec.source in ("hook", "burst")}
+    if not reads:
+        return out
+    first, last = reads[0], reads[-1]
+    span = last.t - first.t
+    steps = [e for h in reads for e in h.new_steps if window.start <= e[0] <= window.end]
+    if span >= 1.0 and last.steps > 0:
+        out["hook_steps_per_s"] = (last.steps - first.steps) / span
+    if len(steps) >= 2:
+        durations = [e[1] * 1000.0 for e in steps]
+        out["step_time_p50_ms"] = statistics.median(durations)
+        out["step_time_p95_ms"] = _percentile(durations, 0.95)
+
+    def waited(h: HookState) -> float:
+        return h.data_wait_s + (max(0.0, h.t - h.in_next_since) if h.in_next_since else 0.0)
+
+    if span >= 1.0 and (last.batches > 0 or last.in_next_since):
+        out["data_wait_fraction"] = max(0.0, min(1.0, (waited(last) - waited(first)) / span))
+    rec = last.record
+    if rec is None:
+        return out
+    if rec.dataloaders:
+        dl = rec.dataloaders[0]  # the most-used loader comes first
+        out["dl_num_workers"] = float(dl.num_workers)
+        out["dl_batch_size"] = _num(dl.batch_size)
+        out["dl_pin_memory"] = float(dl.pin_memory)
+        out["dl_prefetch_factor"] = _num(dl.prefetch_factor)
+        out["dl_persistent_workers"] = float(dl.persistent_workers)
+        out["dl_batch_bytes"] = _num(dl.batch_bytes)
+    if rec.torch:
+        out["amp_enabled"] = float(rec.amp.autocast)
+    out["shm_bytes"] = _num(rec.shm_bytes)
+    lb = rec.burst.last if rec.burst is not None else None
+    if lb is not None and lb.error is None and lb.breakdown_share:
+        share = dict(lb.breakdown_share)
+        out["burst_age_s"] = None if lb.started_at is None else max(0.0, last.t - lb.started_at)
+        out["burst_dataloader_share"] = share.get("dataloader")
+        out["burst_cpu_exec_share"] = share.get("cpu_exec")
+        out["burst_kernel_share"] = share.get("kernel")
+        out["burst_gpu_idle_share"] = lb.gpu_idle_share
+        out["burst_sync_per_step"] = lb.sync_calls_per_step
+        out["burst_cpu_ops_per_step"] = lb.cpu_ops_per_step
+        out["burst_short_kernel_share"] = lb.short_kernel_share
+        out["burst_kernels_per_step"] = lb.kernels_per_step
+        split = dict(lb.gpu_idle_split_share)
+        out["burst_host_wait_share"] = split.get("host_wait")
+        out["burst_kernel_wait_share"] = split.get("kernel_wait")
+        out["burst_pageable_h2d_per_step"] = lb.pageable_h2d_copies_per_step
+        out["burst_pageable_h2d_bytes_per_step"] = lb.pageable_h2d_bytes_per_step
+        copy_ms, step_ms = lb.pageable_h2d_ms_per_step, lb.step_time_ms
+        out["burst_pageable_h2d_share"] = None if copy_ms is None or not step_ms else min(1.0, copy_ms / step_ms)
+    return out
+
+
+def _prefer_measured_wait(f: Features) -> Features:
+    """Scale the stack estimate of the DataLoader's share to the hook's measurement.
+
+    py-spy samples where the loop is (20 Hz); the hook times every ``__next__``. When both exist,
+    the measured total wins and the stacks only split it (queue vs in-thread fetch). With
+    ``num_workers=0`` (the hook reads it from the DataLoader) the split is known without stacks.
+    """
+    measured, estimated = f.get("data_wait_fraction"), f.get("data_wait_share")
+    if measured is None:
+        return {}
+    if f.get("dl_num_workers") == 0:
+        # num_workers=0: every __next__ runs the dataset and collate in the loop's own thread, so
+        # the whole measured wait is in-thread fetching; no stacks are needed to split it.
+        return {
+            "data_wait_share": measured,
+            "data_wait_fetch_share": measured,
+            "data_wait_queue_share": 0.0,
+            "data_wait_start_share": 0.0,
+        }
+    if estimated is None or estimated < 0.02:
+        return {}
+    k = measured / estimated
+    out: Features = {"data_wait_share": measured}
+    for name in ("data_wait_queue_share", "data_wait_fetch_share", "data_wait_start_share"):
+        v = f.get(name)
+        out[name] = None if v is None else min(1.0, v * k)
+    return out
+
+
+def compute(window: Window, main_pid: int | None) -> Features:
+    """All features of :data:`CATALOGUE` for ``window``.
+
+    Args:
+        window: readings of the last few seconds.
+        main_pid: the training process whose main thread is "the loop"; ``None`` takes any main.
+
+    Returns:
+        ``{name: value or None}`` with exactly the catalogue's keys.
+    """
+    f: Features = {}
+    f.update(_stack_features(window, main_pid))
+    f.update(_hook_features(window, main_pid))
+    f.update(_prefer_measured_wait(f))
+    f.update(_thread_features(window, main_pid))
+    f.update(_attribute_fetch(f))
+    f.update(_combine(f))
+    f.update(_process_features(window, main_pid))
+    f.update(_system_features(window))
+    f.update(_disk_tree_share(f))
+    f.update(_cpu_budget(f))
+    f.update(_gpu_features(window))
+    return {name: f.get(name) for name in CATALOGUE}

@@ -1,0 +1,292 @@
+"""Load declarative rules from TOML files: one rule per file.
+
+A rule file::
+
+    id = "workers-cpu-saturated"
+    label = "dataloader-bound"          # cpu-bound | gpu-bound | io-bound | dataloader-bound | undetermined
+    severity = "critical"               # info | warning | critical (info never decides the label)
+    summary = "The loop waits {data_wait_queue_share:.0%} of its time on workers busy on CPU."
+    when = "data_wait_queue_share * workers_running_fraction >= 0.2"
+    measure = "data_wait_queue_share * workers_running_fraction"   # loop-time share explained, 0..1
+    for = 2.0                           # seconds the condition must hold (and be false to release)
+    evidence = ["data_wait_share", "workers_running_fraction", "worker_count"]
+    source = "XProf input-pipeline analyzer: input share >= 20 % is highly input-bound"
+
+    [[fixes]]
+    title = "Use more DataLoader workers"
+    detail = "num_workers={worker_count:.0f} on {usable_cpus:.0f} usable CPUs: try {suggested_workers}."
+    when = "worker_count < suggested_workers"      # optional
+
+Expressions use :mod:`torchwatch.analysis.expr` (no ``eval``); templates are ``str.format`` fields
+naming features or :data:`TEMPLATE_VALUES`, with a number format spec (``{x:.0%}``) or the
+spec ``bytes`` (``{rss_bytes:bytes}`` prints ``3.2 GiB``), no attribute or index access.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from torchwatch.analysis import expr
+from torchwatch.analysis.features import CATALOGUE
+from torchwatch.model.errors import RuleError, UsageError
+from torchwatch.model.labels import LABELS
+from torchwatch.model.units import human_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+SEVERITIES = ("info", "warning", "critical")
+TEMPLATE_VALUES = {
+    "suggested_workers": "DataLoader workers to suggest: usable CPUs minus one for the loop",
+    "io_workers": "DataLoader workers the CPUs carry when workers mostly wait on storage (cpus.io_bound_workers)",
+    "num_workers": "DataLoader num_workers as set (hook), else the workers alive (psutil)",
+    "loader_settings": "text: the DataLoader's settings as set, e.g. 'num_workers=0, batch_size=32, pin_memory=False'",
+    "amp_state": "text: 'bf16 autocast on', 'no autocast seen' or 'unknown (no hook)'",
+    "shm_needed_bytes": "bytes in flight through /dev/shm: num_workers x prefetch_factor x batch bytes",
+}
+_KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes"}
+_FIX_KEYS = {"title", "detail", "when"}
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+_MAX_FILE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class FixTemplate:
+    """A fix: its title and detail templates, and an optional condition."""
+
+    title: str
+    detail: str
+    when: expr.Expression | None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One loaded rule (see the module docstring for the file format)."""
+
+    id: str
+    label: str
+    severity: str
+    summary: str
+    when: expr.Expression
+    measure: expr.Expression | None
+    hold_s: float
+    evidence: tuple[str, ...]
+    source: str
+    fixes: tuple[FixTemplate, ...]
+    path: str
+
+    @property
+    def inputs(self) -> frozenset[str]:
+        """Features the condition reads."""
+        return self.when.names
+
+
+def _line_of(text: str, key: str, nth: int = 0) -> int | None:
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=", re.MULTILINE)
+    matches = list(pattern.finditer(text))
+    if len(matches) <= nth:
+        return None
+    return text.count("\n", 0, matches[nth].start()) + 1
+
+
+_FORMATTER = string.Formatter()
+
+
+def _check_template(template: Any, what: str) -> str:
+    if not isinstance(template, str) or not template.strip():
+        raise ValueError(f"{what} must be a non-empty string")
+    try:
+        fields = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        raise ValueError(f"{what}: bad template: {exc}") from None
+    for _, field, spec, conv in fields:
+        if field is None:
+            continue
+        if field not in CATALOGUE and field not in TEMPLATE_VALUES:
+            raise ValueError(f"{what}: unknown field {{{field}}}")
+        if conv:
+            raise ValueError(f"{what}: conversion !{conv} not allowed")
+        if spec and "{" in spec:
+            raise ValueError(f"{what}: nested fields not allowed")
+        if spec == "bytes":
+            continue
+        try:
+            format(0.5, spec or "")
+        except ValueError:
+            raise ValueError(f"{what}: bad format spec {spec!r} for a number") from None
+    return template
+
+
+def fill(template: str, values: Mapping[str, Any]) -> str:
+    """Fill a checked template; a missing value prints as ``n/a``, spec ``bytes`` as :func:`human_bytes`."""
+    out = []
+    for literal, field, spec, _ in _FORMATTER.parse(template):
+        out.append(literal)
+        if field is None:
+            continue
+        value = values.get(field)
+        if value is None:
+            out.append("n/a")
+        elif spec == "bytes" and isinstance(value, (int, float)):
+            out.append(human_bytes(value))
+        else:
+            out.append(format(value, spec or ""))
+    return "".join(out)
+
+
+def parse_rule(text: str, path: str) -> Rule:
+    """Parse one rule file's text.
+
+    Raises:
+        RuleError: naming ``path``, the line (when known) and the problem.
+    """
+    if len(text.encode("utf-8", "replace")) > _MAX_FILE_BYTES:
+        raise RuleError(path, None, f"file larger than {_MAX_FILE_BYTES} bytes")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise RuleError(path, int(m.group(1)) if m else None, f"invalid TOML: {exc}") from None
+    except (RecursionError, ValueError) as exc:
+        raise RuleError(path, None, f"invalid TOML: {exc}") from None
+
+    def fail(key: str, problem: str, nth: int = 0) -> RuleError:
+        return RuleError(path, _line_of(text, key, nth), problem)
+
+    unknown = set(data) - _KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise fail(key, f"unknown key {key!r} (allowed: {', '.join(sorted(_KEYS))})")
+    for key in ("id", "label", "severity", "summary", "when", "source"):
+        if key not in data:
+            raise RuleError(path, None, f"missing key {key!r}")
+        if not isinstance(data[key], str):
+            raise fail(key, f"{key!r} must be a string")
+    if not _ID_RE.fullmatch(data["id"]):
+        raise fail("id", "id must be lowercase letters, digits and dashes")
+    if data["label"] not in LABELS:
+        raise fail("label", f"label must be one of {', '.join(LABELS)}")
+    if data["severity"] not in SEVERITIES:
+        raise fail("severity", f"severity must be one of {', '.join(SEVERITIES)}")
+
+    def expression(key: str, source: Any, nth: int = 0) -> expr.Expression:
+        if not isinstance(source, str):
+            raise fail(key, f"{key!r} must be a string expression", nth)
+        try:
+            return expr.parse(source, CATALOGUE.keys() | TEMPLATE_VALUES.keys())
+        except expr.ExprError as exc:
+            raise fail(key, f"{key}: {exc}", nth) from None
+
+    when = expression("when", data["when"])
+    measure = expression("measure", data["measure"]) if "measure" in data else None
+    hold = data.get("for", 0.0)
+    if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0 <= hold <= 3600:
+        raise fail("for", "'for' must be a number of seconds from 0 to 3600")
+    evidence = data.get("evidence", [])
+    if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+        raise fail("evidence", "'evidence' must be a list of feature names")
+    for name in evidence:
+        if name not in CATALOGUE:
+            raise fail("evidence", f"evidence names unknown feature {name!r}")
+    try:
+        summary = _check_template(data["summary"], "summary")
+    except ValueError as exc:
+        raise fail("summary", str(exc)) from None
+    fixes_raw = data.get("fixes", [])
+    if not isinstance(fixes_raw, list):
+        raise fail("fixes", "'fixes' must be an array of tables ([[fixes]])")
+    fixes = []
+    for i, fx in enumerate(fixes_raw):
+        if not isinstance(fx, dict):
+            raise RuleError(path, None, f"fix #{i + 1} must be a table")
+        bad = set(fx) - _FIX_KEYS
+        if bad:
+            raise fail(sorted(bad)[0], f"fix #{i + 1}: unknown key {sorted(bad)[0]!r}")
+        templates = []
+        for key in ("title", "detail"):
+            try:
+                templates.append(_check_template(fx.get(key), f"fix #{i + 1} {key}"))
+            except ValueError as exc:
+                nth = sum(1 for f in fixes_raw[:i] if isinstance(f, dict) and key in f)
+                raise fail(key, str(exc), nth) from None
+        title, detail = templates
+        cond = (
+            expression("when", fx["when"], 1 + sum(1 for f in fixes_raw[:i] if "when" in f)) if "when" in fx else None
+        )
+        fixes.append(FixTemplate(title, detail, cond))
+    return Rule(
+        id=data["id"],
+        label=data["label"],
+        severity=data["severity"],
+        summary=summary,
+        when=when,
+        measure=measure,
+        hold_s=float(hold),
+        evidence=tuple(evidence),
+        source=data["source"],
+        fixes=tuple(fixes),
+        path=path,
+    )
+
+
+def load_file(path: Path) -> Rule:
+    """Load one rule file. Raises :class:`RuleError` (also for unreadable or non-UTF-8 files)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise RuleError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RuleError(str(path), None, "not UTF-8 text") from None
+    return parse_rule(text, str(path))
+
+
+def load_dir(directory: Path) -> list[Rule]:
+    """Every ``*.toml`` rule of ``directory``, sorted by file name.
+
+    Raises:
+        UsageError: the directory is missing.
+        RuleError: a file is malformed, or two rules share an id.
+    """
+    if not directory.is_dir():
+        raise UsageError(
+            f"rules directory {directory}: no such directory", "give --rules (or rules check) an existing directory"
+        )
+    rules = [load_file(p) for p in sorted(directory.glob("*.toml"))]
+    _check_unique(rules)
+    return rules
+
+
+def _check_unique(rules: Iterable[Rule]) -> None:
+    seen: dict[str, str] = {}
+    for r in rules:
+        if r.id in seen:
+            raise RuleError(
+                r.path, _line_of(Path(r.path).read_text(), "id"), f"rule id {r.id!r} is also used by {seen[r.id]}"
+            )
+        seen[r.id] = r.path
+
+
+def builtin_dir() -> Path:
+    """The shipped ``rules/`` directory (installed as the package ``torchwatch.rules``)."""
+    try:
+        return Path(str(resources.files("torchwatch.rules")))
+    except ModuleNotFoundError:  # running from a source tree that was not installed
+        return Path(__file__).resolve().parent.parent / "rules"
+
+
+def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:
+    """Built-in rules, then each extra directory's; a rule with the same id replaces the earlier one."""
+    by_id = {r.id: r for r in load_dir(builtin_dir())}
+    for d in extra_dirs:
+        for r in load_dir(Path(d)):
+            by_id[r.id] = r
+    return list(by_id.values())

@@ -1,0 +1,412 @@
+"""Command line: ``torchwatch run [OPTIONS] -- CMD...``, ``attach``, ``burst`` and ``rules``.
+
+Errors are one line on stderr with a hint and a non-zero exit, never a traceback; the exit
+statuses are in :data:`EXIT_STATUS` (printed by ``--help``, listed in the README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from torchwatch import __version__
+from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.labels import LABELS
+
+if TYPE_CHECKING:
+    from torchwatch.watch.lifecycle import StopSignals
+
+log = logging.getLogger(__name__)
+
+# Every TORCHWATCH_* variable torchwatch or its hook reads (tests/unit/test_cli.py checks the code
+# against this list, and the README against it).
+ENVIRONMENT = {
+    "TORCHWATCH_DIR": "where the hook publishes its state (default $TMPDIR/torchwatch-UID); "
+    "torchwatch reads it from the training's environment",
+    "TORCHWATCH_SIGNAL": "the signal that asks the hook for a profiler burst (default SIGUSR2)",
+    "TORCHWATCH_BURST_AT": "optimizer steps at which the hook runs a burst by itself (set by --burst-at)",
+    "TORCHWATCH_BURST_COOLDOWN_S": "seconds the hook refuses a new burst after one (default 5)",
+    "TORCHWATCH_TRACE_DIR": "where burst traces are written (default ~/.cache/torchwatch/traces)",
+    "TORCHWATCH_HOOK": "'1' makes the hook's sitecustomize install the hook (set by run)",
+    "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package, for an interpreter "
+    "without it installed (set by run)",
+}
+
+EXIT_STATUS = (
+    ("N", "run: the training's own exit status (128+N when signal N ended it)"),
+    ("0", "torchwatch stopped the training as asked (--duration, q in the TUI), or watching ended normally"),
+    ("3", "--fail-on: the final verdict is one of its labels (and the status would have been 0)"),
+    ("2", "usage error: a bad option or value, a malformed rule file"),
+    (
+        "1",
+        "cannot watch (no such PID, not Python, another user's process, command not found, "
+        "unwritable --json/--trace/--log-file), an internal error, or stdout closed before the report",
+    ),
+    (
+        "128+N",
+        "torchwatch got signal N (SIGINT 130, SIGTERM 143, SIGHUP 129): it stopped the training, "
+        "wrote the report, then ended by that signal",
+    ),
+)
+
+
+def epilog() -> str:
+    """The text after ``--help``: exit statuses and environment variables."""
+    lines = ["exit status:"]
+    lines += [f"  {code:6s} {text}" for code, text in EXIT_STATUS]
+    lines += ["", "environment (set in the training's environment; run sets the hook's itself):"]
+    lines += [f"  {name:28s} {text}" for name, text in ENVIRONMENT.items()]
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line with a hint, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise a one-line :class:`UsageError` (exit 2) instead of printing usage."""
+        raise UsageError(message, f"see: {self.prog} --help")
+
+
+def _positive(option: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be a number of seconds, not {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{option} must be a positive number of seconds, not {text}")
+        return value
+
+    return parse
+
+
+_duration = _positive("--duration")
+
+
+def _window(text: str) -> float:
+    """``--window``: seconds within the bounds of :data:`torchwatch.watch.session.WINDOW_MIN_S` / ``MAX_S``."""
+    from torchwatch.watch.session import WINDOW_MAX_S, WINDOW_MIN_S
+
+    value = _positive("--window")(text)
+    if not WINDOW_MIN_S <= value <= WINDOW_MAX_S:
+        raise argparse.ArgumentTypeError(
+            f"--window must be {WINDOW_MIN_S:g} to {WINDOW_MAX_S:g} seconds, not {text} "
+            f"({WINDOW_MIN_S:g} s: one py-spy recording of the loop must end in every window; "
+            f"{WINDOW_MAX_S:g} s: the readings torchwatch keeps)"
+        )
+    return value
+
+
+def _labels(text: str) -> tuple[str, ...]:
+    labels = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [x for x in labels if x not in LABELS]
+    if bad or not labels:
+        raise argparse.ArgumentTypeError(f"--fail-on takes labels from {', '.join(LABELS)}, not {text!r}")
+    return labels
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    try:
+        steps = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--burst-at takes step numbers like 100,500, not {text!r}") from None
+    if any(s < 1 for s in steps):
+        raise argparse.ArgumentTypeError(f"--burst-at step numbers start at 1, not {text!r}")
+    return steps
+
+
+def _logging_options(p: argparse.ArgumentParser, top: bool) -> None:
+    """``-v`` and ``--log-file``, accepted before and after the command name."""
+    default_v: object = False if top else argparse.SUPPRESS
+    default_f: object = None if top else argparse.SUPPRESS
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default_v,
+        help="log debug messages (on stderr, or to --log-file; with the TUI only --log-file shows them)",
+    )
+    p.add_argument("--log-file", type=Path, metavar="PATH", default=default_f, help="append torchwatch's log to PATH")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        help="no TUI: a live status line on stderr, the final report on stdout (also chosen without a terminal)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_duration,
+        metavar="SECONDS",
+        help="stop watching after SECONDS (run: then stop the command with SIGINT, SIGTERM, SIGKILL; exit 0)",
+    )
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the final report as JSON to PATH, into PATH if it is a directory, or on stdout with '-' "
+        "(run --headless: the training's stdout then goes to stderr)",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="DIR",
+        action="append",
+        type=Path,
+        default=[],
+        help="add or override rules from the *.toml files in DIR (repeatable)",
+    )
+    p.add_argument(
+        "--window",
+        type=_window,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds of readings each verdict is computed over, 3 to 300 (default: 10)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="PATH",
+        type=Path,
+        help="append every analysis (features, findings, verdict) to PATH as JSON lines",
+    )
+    p.add_argument(
+        "--fail-on",
+        type=_labels,
+        metavar="LABEL[,LABEL...]",
+        help="exit 3 when the final verdict is one of these labels (for CI); the command's own failure wins",
+    )
+    _logging_options(p, top=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="torchwatch",
+        description="Tells you, live, why your PyTorch training is slow.",
+        epilog=epilog(),
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"torchwatch {__version__}")
+    _logging_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    run = sub.add_parser(
+        "run",
+        help="launch a training command and watch it",
+        description="Launch COMMAND and watch it; exits with COMMAND's exit status (0 when torchwatch stopped it).",
+        usage="torchwatch run [OPTIONS] -- COMMAND [ARGS...]",
+        epilog=epilog(),
+        formatter_class=fmt,
+    )
+    _common(run)
+    run.add_argument(
+        "--no-hook", action="store_true", help="do not pre-load the in-process hook (outside readings only)"
+    )
+    run.add_argument(
+        "--burst-at",
+        type=_steps,
+        metavar="STEP[,STEP...]",
+        help="run a torch.profiler burst at these optimizer steps (the trace path is in the report)",
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND", help="the training command")
+    attach = sub.add_parser(
+        "attach",
+        help="watch a running training process",
+        description="Watch the running process PID and its children (torchwatch itself and its helpers excluded).",
+        epilog=epilog(),
+        formatter_class=fmt,
+    )
+    _common(attach)
+    attach.add_argument("pid", metavar="PID", help="PID of the training process")
+    burst = sub.add_parser(
+        "burst",
+        help="ask a hooked training for a torch.profiler burst and print its summary",
+        description="Ask the hook in PID for a short torch.profiler burst (it must catch the signal), wait for it "
+        "(a spinner on a terminal), print the step-time breakdown and the trace path.",
+        epilog=epilog(),
+        formatter_class=fmt,
+    )
+    burst.add_argument("pid", metavar="PID", help="PID of the training process (started by torchwatch run, or hooked)")
+    burst.add_argument("--steps", type=int, default=3, metavar="N", help="active steps to record (1-20, default 3)")
+    burst.add_argument("--wait", type=_duration, default=60.0, metavar="SECONDS", help="give up after SECONDS")
+    burst.add_argument("--json", metavar="PATH", help="also write the summary as JSON ('-' for stdout)")
+    _logging_options(burst, top=False)
+    rules = sub.add_parser("rules", help="check or list diagnosis rules")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser, required=True)
+    check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
+    check.add_argument("dir", type=Path, metavar="DIR")
+    _logging_options(check, top=False)
+    listing = rules_sub.add_parser("list", help="print the rules in use with their thresholds' sources")
+    listing.add_argument(
+        "--rules",
+        metavar="DIR",
+        action="append",
+        type=Path,
+        default=[],
+        help="include the rules of DIR, as run and attach would",
+    )
+    _add_doctor(sub)
+    _logging_options(listing, top=False)
+    return parser
+
+
+def _add_doctor(sub: Any) -> None:
+    """``torchwatch doctor [PID] [--json]`` (torchwatch/doctor.py)."""
+    doctor = sub.add_parser(
+        "doctor",
+        help="check what works on this machine and, with PID, for that process",
+        description="Check ptrace, py-spy, NVML, PSI, delay accounting, CPU quota, /dev/shm and the hook "
+        "directory, and with PID whether it can be watched and injected into. Exit 0 when everything needed works.",
+    )
+    doctor.add_argument("pid", nargs="?", metavar="PID", help="a training process to check too")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    _logging_options(doctor, top=False)
+
+
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record comes (the TUI swaps it out
+    while it runs, so log lines never land on its screen)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Write ``record`` to the current ``sys.stderr``."""
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def configure_logging(verbose: bool, log_file: Path | None) -> None:
+    """Configure the ``torchwatch`` loggers: warnings (debug with ``verbose``) on stderr, or every
+    record from info up (debug with ``verbose``) appended to ``log_file``.
+
+    Raises:
+        TorchwatchError: ``log_file`` cannot be opened for appending.
+    """
+    root = logging.getLogger("torchwatch")
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    handler: logging.Handler
+    if log_file is not None:
+        try:
+            handler = logging.FileHandler(log_file.expanduser(), mode="a", encoding="utf-8")
+        except OSError as exc:
+            raise TorchwatchError(
+                f"cannot write the log to {log_file}: {exc.strerror or exc}",
+                "give --log-file a path in an existing, writable directory",
+            ) from None
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(process)d %(threadName)s %(name)s: %(message)s")
+        )
+        root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    else:
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("torchwatch: %(levelname)s: %(message)s"))
+        root.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    root.addHandler(handler)
+
+
+def _rules_command(args: argparse.Namespace) -> int:
+    from torchwatch.analysis.rules_engine import load_dir, load_rules
+
+    if args.rules_command == "check":
+        found = load_dir(args.dir)
+        print(f"{len(found)} rule(s) OK in {args.dir}: {', '.join(r.id for r in found) or 'none'}")
+        return 0
+    for r in sorted(load_rules(args.rules), key=lambda r: r.id):
+        print(f"{r.id:28s} {r.label:17s} {r.severity:9s} when {r.when.text}")
+        print(f"{'':28s} source: {r.source}")
+    return 0
+
+
+def _watch(args: argparse.Namespace, stops: StopSignals) -> int:
+    from torchwatch.cli.drive import WatchOptions, attach_pid, run_command
+
+    opts = WatchOptions.from_args(args)
+    if args.command == "run":
+        cmd = list(args.cmd)
+        if cmd and cmd[0] == "--":
+            cmd = cmd[1:]
+        if not cmd:
+            raise UsageError("no command to run", "usage: torchwatch run [OPTIONS] -- python train.py")
+        return run_command(cmd, opts, stops)
+    try:
+        pid = int(args.pid)
+    except ValueError:
+        raise UsageError(f"PID must be a number, not {args.pid!r}", "find it with: pgrep -af python") from None
+    return attach_pid(pid, opts, stops)
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader went away: point stdout at /dev/null so the exit's flush cannot fail too
+    (the recipe of the Python documentation's note on SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Args:
+        exit_by_signal: when a stop signal ended ``run`` or ``attach``, end the process by that
+            signal after the report (the console script does; tests calling ``main`` do not).
+    """
+    from torchwatch.watch.lifecycle import StopSignals
+
+    parser = build_parser()
+    stops = StopSignals()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        configure_logging(args.verbose, args.log_file)
+        if args.command == "rules":
+            code = _rules_command(args)
+        elif args.command == "doctor":
+            from torchwatch.cli.doctor import doctor_command
+
+            code = doctor_command(args.pid, args.json)
+        elif args.command == "burst":
+            from torchwatch.cli.burst import burst_command
+
+            code = burst_command(args.pid, args.steps, args.wait, args.json)
+        else:
+            with stops:
+                code = _watch(args, stops)
+        sys.stdout.flush()  # a closed stdout shows here, inside the handlers below
+    except TorchwatchError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        code = exc.exit_code
+    except BrokenPipeError:
+        _quiet_stdout()
+        code = 1
+    except KeyboardInterrupt:
+        print("torchwatch: interrupted", file=sys.stderr)
+        code = 130
+    except Exception as exc:
+        log.debug("internal error", exc_info=True)
+        print(
+            f"torchwatch: error: internal error: {exc!r} (hint: run again with -v --log-file PATH and report the log)",
+            file=sys.stderr,
+        )
+        code = 1
+    if stops.first is not None:
+        code = 128 + stops.first
+        if exit_by_signal:
+            stops.exit_like_the_signal()
+    return code
+
+
+def entry() -> NoReturn:
+    """The ``torchwatch`` console script and ``python -m torchwatch``."""
+    sys.exit(main(exit_by_signal=True))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    entry()

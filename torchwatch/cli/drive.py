@@ -1,0 +1,389 @@
+"""``torchwatch run`` and ``attach``: load rules, start a session, drive the TUI or the headless loop, report.
+
+How a watch ends decides torchwatch's exit status (the README's "Exit status" table):
+
+- the training exits by itself: its own status (128+N when signal N ended it);
+- torchwatch stops it as asked (``--duration``, ``q`` in the TUI), or leaves it running: 0;
+- ``--fail-on`` matches the final verdict, and the status would otherwise be 0: 3;
+- a stop signal to torchwatch (SIGINT, SIGTERM, SIGHUP): the training is stopped, the report
+  written, then torchwatch ends by that signal (a shell sees 128+N; see :mod:`torchwatch.watch.lifecycle`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TextIO
+
+import psutil
+
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.faces import report
+from torchwatch.faces.headless import status_line
+from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
+from torchwatch.watch.lifecycle import (
+    Launched,
+    StopSignals,
+    hook_env,
+    launch,
+    needs_own_group,
+    stop_launched,
+    terminal_delivers_interrupts,
+)
+from torchwatch.watch.session import Session, SessionOptions
+from torchwatch.watch.target import check_attachable, check_command
+
+log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on every label change
+
+
+@dataclass
+class WatchOptions:
+    """Options common to ``run`` and ``attach`` (see ``torchwatch run --help``)."""
+
+    headless: bool = False
+    duration: float | None = None
+    json_path: str | None = None
+    rules_dirs: list[Path] = field(default_factory=list)
+    window: float = 10.0
+    trace: Path | None = None
+    hook: bool = True
+    burst_at: tuple[int, ...] = ()
+    fail_on: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WatchOptions:
+        """Options from the parsed ``run`` / ``attach`` arguments."""
+        return cls(
+            args.headless,
+            args.duration,
+            args.json,
+            list(args.rules),
+            args.window,
+            args.trace,
+            hook=not getattr(args, "no_hook", False),
+            burst_at=tuple(getattr(args, "burst_at", None) or ()),
+            fail_on=tuple(args.fail_on or ()),
+        )
+
+    def session_options(self, launched: bool = False) -> SessionOptions:
+        """The :class:`SessionOptions` these options ask for (``launched``: by ``run``)."""
+        return SessionOptions(window_s=self.window, trace_path=self.trace, hook_expected=launched and self.hook)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How watching ended.
+
+    Attributes:
+        by: a key of :data:`torchwatch.faces.report.ENDINGS` (``exit``, ``duration``, ``quit``,
+            ``left running``, ``error``, or the name of the signal torchwatch got).
+        code: the training's shell-style exit status, ``None`` when not known (attach) or running.
+    """
+
+    by: str
+    code: int | None = None
+
+    @property
+    def signal(self) -> int | None:
+        """The stop signal that ended torchwatch, if one did."""
+        return int(signal.Signals[self.by]) if self.by.startswith("SIG") else None
+
+
+def check_trace_path(path: Path | None) -> None:
+    """Check, before watching, that ``--trace PATH`` can be appended to (it is created if missing).
+
+    Raises:
+        TorchwatchError: PATH is a directory, or cannot be created or written.
+    """
+    if path is None:
+        return
+    try:
+        with open(path.expanduser(), "a"):
+            pass
+    except OSError as exc:
+        raise TorchwatchError(
+            f"cannot write the trace to {path}: {exc.strerror or exc}",
+            "give --trace a file path in an existing, writable directory",
+        ) from None
+
+
+def has_terminal() -> bool:
+    """Whether the TUI can run: it reads keys from stdin and draws on stderr (Textual's choice)."""
+    try:
+        return sys.stdin is not None and sys.stderr is not None and sys.stdin.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _headless_without_terminal(opts: WatchOptions) -> WatchOptions:
+    """The options to use: headless when no terminal can show the TUI (said in one line)."""
+    if opts.headless or has_terminal():
+        return opts
+    print("torchwatch: no terminal for the TUI (stdin or stderr is not a TTY): running --headless", file=sys.stderr)
+    return replace(opts, headless=True)
+
+
+def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> int:
+    """``torchwatch run``: start ``cmd``, watch it, report; returns torchwatch's exit status.
+
+    Args:
+        cmd: the command and its arguments.
+        opts: the parsed options.
+        stops: the stop signals torchwatch catches (installed by the caller).
+
+    Raises:
+        TorchwatchError: bad rules, unwritable ``--json`` or ``--trace`` path, command not found.
+    """
+    rules = load_rules(opts.rules_dirs)
+    report.check_json_path(opts.json_path)
+    check_trace_path(opts.trace)
+    check_command(cmd)
+    opts = _headless_without_terminal(opts)
+    log_path: Path | None = None
+    env = hook_env(opts.burst_at) if opts.hook else None
+    if opts.headless:
+        # With the JSON on stdout the training's stdout goes to stderr, so stdout stays valid JSON.
+        child = launch(cmd, stdout=2 if opts.json_path == "-" else None, env=env, own_group=needs_own_group(False))
+    else:
+        # The TUI owns the terminal: the training's output goes to a log shown when the app exits.
+        log_dir = Path(tempfile.mkdtemp(prefix="torchwatch-"))
+        log_path = log_dir / "training.log"
+        with open(log_path, "wb") as log_file:
+            child = launch(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, own_group=True
+            )
+    try:
+        session = Session(child.pid, rules, opts.session_options(launched=True), child=child)
+    except psutil.NoSuchProcess:
+        code = shell_status(child.wait() or 0)
+        child.close()
+        print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
+        return code
+    session.start()
+    ending = _drive(session, child, opts, log_path, stops)
+    return _exit_status(ending, session, opts)
+
+
+def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
+    """``torchwatch attach``: watch a running process until it exits, ``--duration``, ``q`` or a signal.
+
+    Raises:
+        TorchwatchError: see :func:`torchwatch.watch.target.check_attachable`.
+    """
+    rules = load_rules(opts.rules_dirs)
+    report.check_json_path(opts.json_path)
+    check_trace_path(opts.trace)
+    check_attachable(pid)
+    opts = _headless_without_terminal(opts)
+    try:
+        session = Session(pid, rules, opts.session_options())
+    except psutil.NoSuchProcess:
+        raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
+    session.start()
+    ending = _drive(session, None, opts, None, stops)
+    return _exit_status(ending, session, opts)
+
+
+def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
+    """torchwatch's exit status for ``ending`` (see the module docstring)."""
+    sig = ending.signal
+    if sig is not None:
+        return 128 + sig
+    if ending.by == "error":
+        return EXIT_CANNOT_WATCH
+    own = ending.code if ending.by == "exit" and ending.code is not None else 0
+    if own == 0 and _failed_on(session, opts):
+        return EXIT_FAIL_ON
+    return own
+
+
+def _failed_on(session: Session, opts: WatchOptions) -> bool:
+    """``--fail-on``: whether the final verdict is one of the labels named (says so on stderr)."""
+    if not opts.fail_on:
+        return False
+    label = session.final().verdict.label
+    if label in opts.fail_on:
+        print(
+            f"torchwatch: verdict {label} is in --fail-on ({','.join(opts.fail_on)}): exit {EXIT_FAIL_ON}",
+            file=sys.stderr,
+        )
+        return True
+    return False
+
+
+def _drive(
+    session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
+) -> Ending:
+    """Watch until the end, stop what must be stopped, write the reports; how it ended."""
+    start = time.monotonic()
+    ending = Ending("error")
+    try:
+        ending = (
+            _headless(session, child, opts, start, stops)
+            if opts.headless
+            else _tui(session, child, opts, log_path, stops)
+        )
+    except Exception as exc:  # a bug must not cost the report, nor leave the training behind
+        log.exception("watching failed")
+        print(f"torchwatch: error: watching failed: {exc!r} (the report follows)", file=sys.stderr)
+        if child is not None:
+            session.stopped_target = True
+            ending = Ending("error", stop_launched(child, session.tree.mains(), signals=stops))
+    finally:
+        log.debug("watching ended: %s", ending)
+        if child is not None and ending.by != "left running":
+            child.close()
+        session.stop()
+    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path)
+    return ending
+
+
+def _stop(session: Session, child: Launched, stops: StopSignals, by: str) -> Ending:
+    """Stop the launched training as asked (``by``: ``duration`` or ``quit``), unless a signal overtakes."""
+    session.stopped_target = True
+    code = stop_launched(child, session.tree.mains(), signals=stops)
+    return Ending(signal.Signals(stops.first).name, code) if stops.first is not None else Ending(by, code)
+
+
+def _stopped_by_signal(session: Session, child: Launched | None, stops: StopSignals) -> Ending:
+    """torchwatch got a stop signal: stop the launched training (see :func:`stop_launched`).
+
+    A training in a process group of its own never got the signal: torchwatch passes it on.
+    """
+    sig = stops.first
+    assert sig is not None
+    code = None
+    if child is not None:
+        session.stopped_target = True
+        code = stop_launched(
+            child,
+            session.tree.mains(),
+            first=sig,
+            already_sent=sig == signal.SIGINT and not child.own_group and terminal_delivers_interrupts(),
+            signals=stops,
+        )
+    return Ending(signal.Signals(sig).name, code)
+
+
+def _tui(
+    session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
+) -> Ending:
+    from torchwatch.faces.tui.app import WatchApp
+    from torchwatch.faces.tui.terminal import hangup_safe_terminal
+
+    app = WatchApp(
+        session, child=child, duration=opts.duration, log_path=log_path, stop_requested=lambda: bool(stops.received)
+    )
+    try:
+        with hangup_safe_terminal():
+            app.run()
+    except Exception:  # e.g. the terminal hung up while the app drew: the report still comes
+        log.exception("the TUI ended with an error")
+    if stops.first is not None:
+        return _stopped_by_signal(session, child, stops)
+    timed_out = app.ended_by == "duration"
+    if child is None:
+        return Ending("exit" if session.target_gone else "duration" if timed_out else "quit")
+    if child.poll() is not None:
+        return Ending("exit", shell_status(child.poll() or 0))
+    if app.stop_training:  # "y" at the quit question, or --duration ran out
+        return _stop(session, child, stops, "duration" if timed_out else "quit")
+    child.leave_running()
+    print(
+        f"torchwatch: the training (PID {child.pid}) keeps running; its output goes to {log_path}",
+        file=sys.stderr,
+    )
+    return Ending("left running")
+
+
+def _headless(session: Session, child: Launched | None, opts: WatchOptions, start: float, stops: StopSignals) -> Ending:
+    last_label: str | None = None
+    last_print = 0.0
+    status_ok = True
+    while True:
+        now = time.monotonic()
+        if stops.first is not None:
+            return _stopped_by_signal(session, child, stops)
+        if child is not None and child.poll() is not None:
+            return Ending("exit", shell_status(child.poll() or 0))
+        if child is None and session.target_gone:
+            return Ending("exit")
+        if opts.duration is not None and now - start >= opts.duration:
+            return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
+        obs = session.latest_observation
+        label = obs.verdict.label if obs is not None and obs.verdict is not None else None
+        if status_ok and (label != last_label or now - last_print >= STATUS_EVERY_S):
+            # a closed stderr ends the status lines, not the watch
+            status_ok = _emit(status_line(obs, now - start), sys.stderr, fatal=False)
+            last_label, last_print = label, now
+        stops.arrived.wait(0.25)
+
+
+def _emit(text: str, stream: TextIO, fatal: bool = True) -> bool:
+    """Print ``text`` on ``stream``; whether it worked.
+
+    Raises:
+        BrokenPipeError: the reader went away (a closed pipe, or a terminal that hung up: EIO),
+            when ``fatal``; the CLI then ends quietly.
+    """
+    try:
+        print(text, file=stream, flush=True)
+        return True
+    except OSError as exc:
+        if not fatal or exc.errno not in (errno.EPIPE, errno.EIO):
+            if fatal:
+                raise
+            return False
+        raise BrokenPipeError(errno.EPIPE, "the reader of the report went away") from None
+
+
+def _show_log(path: Path, lines: int = 40) -> None:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    if text and _emit("\n".join(text[-lines:]), sys.stdout, fatal=False):
+        _emit(f"torchwatch: the training's output ({len(text)} lines) is in {path}", sys.stderr, fatal=False)
+
+
+def _write_reports(
+    session: Session,
+    child: Launched | None,
+    ending: Ending,
+    opts: WatchOptions,
+    watched_s: float,
+    log_path: Path | None = None,
+) -> None:
+    """The JSON report first (a file survives a closed terminal), then the end of the training's
+    output (TUI) and the text report."""
+    obs = session.final_observation()
+    pid = obs.target.pid
+    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s)
+    text = report.render_text(data)
+    if opts.json_path == "-":
+        _emit(text, sys.stderr, fatal=False)
+        _emit(report.dumps(data), sys.stdout)
+        return
+    if opts.json_path:
+        target = report.json_target(opts.json_path, pid)
+        try:
+            report.write_atomic(target, report.dumps(data) + "\n")
+        except OSError as exc:
+            print(f"torchwatch: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        else:
+            if target != Path(opts.json_path).expanduser():
+                _emit(f"torchwatch: JSON report written to {target}", sys.stderr, fatal=False)
+    if log_path is not None:
+        _show_log(log_path)
+    _emit(text, sys.stdout)

@@ -1,0 +1,34 @@
+"""The live status line of ``--headless`` (on stderr): one line per label change, or every few seconds."""
+
+from __future__ import annotations
+
+from torchwatch.model.observation import Observation
+from torchwatch.model.units import fmt_value
+
+
+def status_line(obs: Observation | None, elapsed_s: float) -> str:
+    """One line: the label and confidence, then data wait, loop CPU, disk wait, workers, steps/s
+    and GPU (with its SM activity when GPM reads it); ``starting`` before the first verdict.
+
+    Args:
+        obs: the latest Observation (``None``: none yet).
+        elapsed_s: seconds since watching started.
+    """
+    if obs is None or obs.verdict is None:
+        return f"torchwatch [{elapsed_s:4.0f}s] starting"
+    f, v = obs.features, obs.verdict
+
+    def value(name: str) -> str:
+        return fmt_value(f.get(name), obs.unit(name))
+
+    sm = f.get("gpu_sm_active_mean")
+    parts = [
+        f"torchwatch [{elapsed_s:4.0f}s] {v.label} ({v.confidence:.2f})",
+        f"data wait {value('data_wait_share')}",
+        f"loop CPU {value('main_running_share')}",
+        f"disk wait {value('storage_wait_share')}",
+        f"workers {value('worker_count')}",
+        *([f"{f['hook_steps_per_s']:.2f} steps/s"] if f.get("hook_steps_per_s") is not None else []),
+        f"GPU {value('gpu_util_mean')}" + (f" (SM {value('gpu_sm_active_mean')})" if sm is not None else ""),
+    ]
+    return " | ".join(parts)

@@ -1,0 +1,284 @@
+"""The report: JSON (``torchwatch.report/1``, a contract: keys are added, never renamed) and text.
+
+Both are functions of one :class:`~torchwatch.model.observation.Observation`: :func:`build` makes
+the JSON, :func:`render_text` prints it (so a saved report prints the same).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torchwatch.faces.burst import burst_lines
+from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
+from torchwatch.model.errors import TorchwatchError
+from torchwatch.model.findings import Verdict
+from torchwatch.model.observation import Observation
+from torchwatch.model.readings import SourceStatus
+from torchwatch.model.units import amp_words, fmt_ms, fmt_share, fmt_value
+
+SCHEMA = "torchwatch.report/1"
+ENDINGS = {
+    "exit": "the target exited",
+    "duration": "--duration ran out",
+    "quit": "quit from the TUI",
+    "left running": "quit from the TUI, the training left running",
+    "SIGINT": "torchwatch got SIGINT",
+    "SIGTERM": "torchwatch got SIGTERM",
+    "SIGHUP": "torchwatch got SIGHUP (its terminal closed)",
+}
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v, 4)
+
+
+def build(
+    obs: Observation,
+    *,
+    ended_by: str | None = None,
+    exit_code: int | None = None,
+    watched_s: float | None = None,
+) -> dict[str, Any]:
+    """The report as a JSON-ready dict.
+
+    Args:
+        obs: the Observation to report (the session's final one, or what the TUI shows).
+        ended_by: what ended the watch, a key of :data:`ENDINGS` (``None``: not ended, or not known).
+        exit_code: the training's exit status when the caller knows it better than ``obs``
+            (``None``: the Observation's).
+        watched_s: seconds watched (``None``: the Observation's ``elapsed_s``).
+
+    Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
+    ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
+    reason?, hint?}}, ``features`` {name: number | null}. Added: ``not_applicable``,
+    ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
+    CPU and memory, :class:`~torchwatch.model.observation.SelfUsage`), ``hook`` (what the
+    in-process hook of the focus rank measured, :func:`hook_json`; ``null`` without a hook), and
+    ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known).
+    """
+    verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
+    code = exit_code if exit_code is not None else obs.target.exit_code
+    return {
+        "schema": SCHEMA,
+        "target": {"pid": obs.target.pid, "cmdline": list(obs.target.cmdline), "exit_code": code},
+        "ended_by": ended_by,
+        "window": {"seconds": float(obs.window_s)},
+        "verdict": verdict.to_json(),
+        "findings": [f.to_json() for f in obs.findings],
+        "not_applicable": [n.to_json() for n in obs.not_applicable],
+        "sources": {name: st.to_json() for name, st in obs.statuses},
+        "features": {k: _num(v) for k, v in obs.features.items()},
+        "feature_units": {k: spec.unit for k, spec in obs.catalogue.items()},
+        "watched_seconds": round(obs.elapsed_s if watched_s is None else watched_s, 1),
+        "verdict_history": [{"t": h.t, "label": h.label} for h in obs.history],
+        "self": asdict(obs.own_usage),
+        "hook": _clean(hook_json(obs)),
+    }
+
+
+def hook_json(obs: Observation) -> dict[str, Any] | None:
+    """What the hook of the focus rank measured, as the report's ``hook`` object; ``None`` when the
+    session reads no hook, or the hook is still starting and has published nothing.
+
+    Keys: ``status``, ``reason``, ``pid``, ``torch``, ``steps``, ``first_step_after_s`` (seconds from
+    the start of watching to the first optimizer step), ``steps_per_s``, ``step_time_ms`` (``p50``,
+    ``p95``), ``data_wait_fraction``, ``dataloader`` (the most-used loader's settings),
+    ``dataloaders``, ``usable_cpus``, ``shm_bytes``, ``amp``, ``cuda_initialized``, ``signal``,
+    ``signal_owned``, ``burst`` (``state``, ``mode``, ``count``, ``last_refusal``), ``last_burst``
+    (the burst summary, or ``{"id", "error", ...}``), ``errors``; added: ``device_memory``
+    (``allocated_bytes``, ``reserved_bytes``, ``peak_bytes``, ``why``).
+    """
+    rank = obs.focus
+    steps, burst = rank.steps, rank.burst
+    if steps.status is None:
+        return None
+    if steps.pid is None:  # no reading of the hook: only its status
+        return None if steps.status == "starting" else {"status": steps.status, "reason": steps.reason}
+    return {
+        "status": steps.status,
+        "reason": steps.reason,
+        "pid": steps.pid,
+        "torch": steps.torch,
+        "steps": steps.steps,
+        "first_step_after_s": steps.first_step_after_s,
+        "steps_per_s": steps.steps_per_s,
+        "step_time_ms": {"p50": steps.p50_ms, "p95": steps.p95_ms},
+        "data_wait_fraction": steps.data_wait if steps.data_wait_source == "hook" else None,
+        "dataloader": steps.loader.to_json() if steps.loader else None,
+        "dataloaders": [d.to_json() for d in steps.loaders],
+        "usable_cpus": steps.usable_cpus,
+        "shm_bytes": steps.shm_bytes,
+        "amp": steps.amp.to_json() if steps.amp else None,
+        "cuda_initialized": steps.cuda_initialized,
+        "signal": steps.signal,
+        "signal_owned": steps.signal_owned,
+        "burst": {
+            "state": burst.state,
+            "mode": burst.mode,
+            "count": burst.count,
+            "last_refusal": burst.last_refusal.to_json() if burst.last_refusal else None,
+        },
+        "last_burst": burst.last.to_json() if burst.last else None,
+        "errors": list(steps.errors),
+        "device_memory": asdict(rank.device_memory),
+    }
+
+
+def _clean(value: Any) -> Any:
+    """Round floats and drop non-finite ones, recursively (the hook's dicts go to JSON)."""
+    if isinstance(value, float):
+        return _num(value)
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _pct(v: Any) -> str:
+    return fmt_share(v) if isinstance(v, (int, float)) else "n/a"
+
+
+def _ms(v: Any) -> str:
+    return fmt_ms(v) if isinstance(v, (int, float)) else "n/a"
+
+
+def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
+    """The hook's measurements for people (the report's ``hook`` object): steps, step time, data
+    wait, the DataLoader's settings, AMP, the last burst, the hook's errors."""
+    if not hook:
+        return []
+    if hook.get("status") != "ok" and "steps" not in hook:
+        return [f"hook: {hook.get('status')}" + (f": {hook['reason']}" if hook.get("reason") else "")]
+    st = hook.get("step_time_ms") or {}
+    sps = hook.get("steps_per_s")
+    lines = [
+        "training loop (measured in the process):",
+        f"  {hook.get('steps', 0)} steps, "
+        + ("n/a steps/s" if sps is None else f"{sps:.2f} steps/s")
+        + f", step time p50 {_ms(st.get('p50'))} / p95 {_ms(st.get('p95'))}"
+        + f", data wait {_pct(hook.get('data_wait_fraction'))}",
+    ]
+    dl = hook.get("dataloader")
+    if dl:
+        settings = ", ".join(f"{name}={dl.get(name)}" for name in LOADER_SETTINGS)
+        lines.append(f"  DataLoader: {settings}; usable CPUs {hook.get('usable_cpus')}")
+    amp = hook.get("amp") or {}
+    if amp:
+        words = amp_words(
+            bool(amp.get("autocast")), amp.get("dtype"), amp.get("device_type"), bool(amp.get("grad_scaler"))
+        )
+        lines.append(f"  AMP: {words}")
+    last = hook.get("last_burst")
+    if isinstance(last, Mapping):
+        try:
+            lines += burst_lines(BurstResult.decode(dict(last), "last_burst"))
+        except WireError as exc:
+            lines.append(f"  last burst: unreadable ({exc})")
+    for err in hook.get("errors") or []:
+        lines.append(f"  hook error: {err}")
+    return lines
+
+
+def status_text(name: str, st: SourceStatus) -> str:
+    """``name ok`` or ``name unavailable: reason``."""
+    text = f"{name} {st.status.value}"
+    return f"{text}: {st.reason}" if st.reason else text
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The report for a terminal: verdict, findings with evidence and fixes, sources."""
+    target, verdict = report["target"], report["verdict"]
+    units: Mapping[str, str] = report.get("feature_units") or {}
+    cmd = " ".join(target["cmdline"]) or "?"
+    exit_part = "" if target["exit_code"] is None else f", exit {target['exit_code']}"
+    ended = ENDINGS.get(str(report.get("ended_by")))
+    ended_part = f"; {ended}" if ended else ""
+    lines = [
+        f"torchwatch report: {cmd} (PID {target['pid']}{exit_part}), watched {report['watched_seconds']:.0f} s"
+        f"{ended_part}",
+        f"verdict: {verdict['label']} (confidence {verdict['confidence']:.2f})",
+        f"  {verdict['summary']}",
+    ]
+    if report["findings"]:
+        lines.append("findings:")
+    for f in report["findings"]:
+        lines.append(f"  [{f['severity']}] {f['rule']} -> {f['label']}: {f['summary']}")
+        ev = ", ".join(f"{k}={fmt_value(v, units.get(k, ''))}" for k, v in f["evidence"].items())
+        lines.append(f"      evidence: {ev}")
+        for fx in f["fixes"]:
+            lines.append(f"      fix: {fx['title']}: {fx['detail']}")
+    srcs = "; ".join(
+        f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
+        for name, st in report["sources"].items()
+    )
+    lines += hook_lines(report.get("hook"))
+    lines.append(f"sources: {srcs}")
+    return "\n".join(lines)
+
+
+def dumps(report: Mapping[str, Any]) -> str:
+    """JSON text of the report (indented, UTF-8 safe)."""
+    return json.dumps(report, indent=2, ensure_ascii=False)
+
+
+def default_name(pid: int, kind: str = "report") -> str:
+    """The file name of a report written into a directory: ``torchwatch-KIND-PID-YYYYmmdd-HHMMSS.json``."""
+    return f"torchwatch-{kind}-{pid}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def check_json_path(path: str | None) -> None:
+    """Check, before watching, that ``--json PATH`` can be written: a file in a writable directory,
+    or a writable directory (the report is then written into it under :func:`default_name`).
+
+    Raises:
+        TorchwatchError: the directory does not exist or is not writable.
+    """
+    if path in (None, "-"):
+        return
+    target = Path(path).expanduser()
+    folder = target if target.is_dir() else target.parent
+    if path.endswith(os.sep) and not target.is_dir():
+        folder = target
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise TorchwatchError(
+            f"cannot write the JSON report to {path}: {folder} is not a writable directory",
+            "give --json a path in an existing, writable directory",
+        )
+
+
+def json_target(path: str, pid: int, kind: str = "report") -> Path:
+    """Where ``--json PATH`` writes: PATH, or ``PATH/torchwatch-KIND-PID-TIME.json`` for a directory."""
+    target = Path(path).expanduser()
+    return target / default_name(pid, kind) if target.is_dir() else target
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one, never a part.
+
+    The text goes to a new file beside ``path`` (created exclusively, never through a symlink,
+    mode 0666 less the umask as ``open`` would give), is flushed to disk, then renamed over
+    ``path`` (rename(2) is atomic within a file system and replaces a symlink, never follows it).
+
+    Raises:
+        OSError: the directory is not writable, the disk is full, ... (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,81 @@
+"""What the diagnosis says: a verdict, the findings behind it and the rules it could not evaluate.
+
+Made by :mod:`torchwatch.analysis.diagnosis`, carried by the
+:class:`~torchwatch.model.observation.Observation`, shown by every face.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A change to make: what (title) and to what, why (detail)."""
+
+    title: str
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        """The fix as ``{"title", "detail"}``."""
+        return {"title": self.title, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A rule that fired: its label, severity, explained share, evidence and fixes."""
+
+    rule: str
+    label: str
+    severity: str
+    summary: str
+    measure: float | None
+    evidence: dict[str, float | None]
+    fixes: tuple[Fix, ...]
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding as in the report contract (evidence rounded to 4 digits)."""
+        return {
+            "rule": self.rule,
+            "label": self.label,
+            "severity": self.severity,
+            "summary": self.summary,
+            "evidence": {k: _round(v) for k, v in self.evidence.items()},
+            "fixes": [f.to_json() for f in self.fixes],
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A rule that could not be evaluated: the missing feature and why it is missing."""
+
+    rule: str
+    missing: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        """``{"rule", "missing", "why"}``."""
+        return {"rule": self.rule, "missing": self.missing, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The label, a confidence 0..1 and one sentence."""
+
+    label: str
+    confidence: float
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"label", "confidence", "summary"}`` (confidence rounded to 2 digits)."""
+        return {"label": self.label, "confidence": round(self.confidence, 2), "summary": self.summary}
+
+
+def _round(v: float | None) -> float | None:
+    if v is None or not math.isfinite(v):
+        return None
+    return round(v, 4)

@@ -1,0 +1,394 @@
+"""A watch session: sampler threads feed the store; an analysis thread turns windows into verdicts.
+
+One direction only: sources → store → features → diagnosis → Observation → faces (TUI, report,
+status line). Each analysis tick builds one :class:`~torchwatch.model.observation.Observation`
+(:mod:`torchwatch.watch.observe`); no face calls a source or reads the store: they get
+:meth:`Session.observe` and :meth:`Session.final_observation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import resource
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchwatch.analysis import features as feats
+from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.rules_engine import Rule
+from torchwatch.analysis.store import KEEP_S, Store
+from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
+from torchwatch.model.readings import GpuSample, Role, SourceStatus, Status
+from torchwatch.sources import Source
+from torchwatch.sources.hook import HookSource
+from torchwatch.sources.nvml import NvmlSource
+from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
+from torchwatch.sources.pyspy import PySpySource
+from torchwatch.watch.observe import Tick, Trends, observe, target_view
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Tunables of a session.
+
+    Attributes:
+        window_s: seconds of readings each verdict is computed over.
+        analysis_interval_s: seconds between two evaluations of the rules.
+        pyspy_rate: py-spy samples per second per thread.
+        pyspy_chunk_s: seconds per py-spy recording.
+        thread_interval_s: seconds between two rounds of thread-state sampling.
+        nvml: whether to read GPUs through NVML at all.
+        trace_path: append every analysis (features, findings, verdict) to this file as JSON lines.
+        hook_expected: the training was started with the hook pre-loaded (``torchwatch run``).
+    """
+
+    window_s: float = 10.0
+    analysis_interval_s: float = 1.0
+    pyspy_rate: int = 20
+    pyspy_chunk_s: float = 3.0
+    thread_interval_s: float = 0.1
+    nvml: bool = True
+    trace_path: Path | None = None
+    hook_expected: bool = False
+
+
+# The bounds of --window. py-spy's stack samples arrive a chunk at a time, all stamped at the
+# chunk's end: a window shorter than a chunk may hold none and flip between a label and
+# "undetermined". A window longer than the store keeps would silently be cut to what it holds.
+WINDOW_MIN_S = SessionOptions.pyspy_chunk_s
+WINDOW_MAX_S = KEEP_S
+
+
+class Session:
+    """Watches the process tree under ``root_pid`` until :meth:`stop`.
+
+    Args:
+        root_pid: the PID that was started (``run``) or named (``attach``).
+        rules: loaded rules.
+        options: see :class:`SessionOptions`.
+        child: the launched command (``run``): its command line and exit status go into every
+            Observation; ``None`` for ``attach``.
+
+    Raises:
+        psutil.NoSuchProcess: ``root_pid`` does not exist.
+    """
+
+    def __init__(
+        self,
+        root_pid: int,
+        rules: list[Rule],
+        options: SessionOptions | None = None,
+        child: ChildProcess | None = None,
+    ) -> None:
+        self.options = options or SessionOptions()
+        self.tree = ProcessTree(root_pid)
+        self.store = Store()
+        self.started = time.monotonic()
+        self.child = child
+        self.trends = Trends()
+        self._observation: Observation | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.latest: Analysis | None = None
+        self.last_alive: Analysis | None = None  # the last analysis made while the target ran
+        self.history: list[tuple[float, str]] = []  # (seconds since start, label) at each change
+        self.ended_at: float | None = None
+        self._chosen: int | None = None
+        self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
+        self._errors_seen: set[str] = set()
+        opts = self.options
+        self.proc = ProcSource(self.tree)
+        self.pyspy = PySpySource(
+            self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s
+        )
+        self.sources: list[Source] = [
+            self.proc,
+            ThreadStateSource(self.tree, interval=opts.thread_interval_s),
+            self.pyspy,
+        ]
+        self.hook = HookSource(self._main_pid, expected=opts.hook_expected)
+        self.sources.append(self.hook)
+        self.nvml: NvmlSource | None = None
+        if opts.nvml:
+            self.nvml = NvmlSource(self.tree.pids)
+            self.sources.append(self.nvml)
+        self.diagnoser = Diagnoser(rules, self.why_missing)
+
+    # -- tree helpers handed to sources -------------------------------------------------------
+    def _main_pid(self) -> int | None:
+        """The training process to diagnose: the busiest main, kept until another is 2x busier.
+
+        Under torchrun every rank is a main (ranks look alike, the first stays); when a Python
+        wrapper starts the real training with subprocess, the training is the busy one.
+        """
+        mains = self.tree.mains()
+        if not mains:
+            return None
+        cpu = self.proc.cpu_pct
+        current = self._chosen if self._chosen in mains else mains[0]
+        busiest = max(mains, key=lambda pid: cpu.get(pid, 0.0))
+        if cpu.get(busiest, 0.0) > 2.0 * cpu.get(current, 0.0) + 5.0:
+            current = busiest
+        self._chosen = current
+        return current
+
+    def _role_of(self, pid: int) -> Role:
+        node = self.tree.nodes().get(pid)
+        return node.role if node else Role.OTHER
+
+    @property
+    def main_pid(self) -> int | None:
+        """PID of the training process (first rank), once found."""
+        return self._main_pid()
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start one sampler thread per source and the analysis thread."""
+        for src in self.sources:
+            t = threading.Thread(target=self._sample_loop, args=(src,), name=f"torchwatch-{src.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._analysis_loop, name="torchwatch-analysis", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop sampling, close the sources and join the threads. Idempotent."""
+        self._stop.set()
+        for src in self.sources:
+            try:
+                src.close()
+            except Exception:  # a source failing to close must not block the exit
+                log.warning("closing the %s source failed", src.name, exc_info=True)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def target_gone(self) -> bool:
+        """Whether the watched root process has exited."""
+        return self.proc.status.status is Status.GONE
+
+    def statuses(self) -> dict[str, SourceStatus]:
+        """``{source name: status}`` for the report and the TUI; ``gpm`` (GPU Performance Monitoring,
+        read by the NVML source) beside ``nvml``, so that "why is SM activity n/a" is said once."""
+        out = {src.name: src.status for src in self.sources}
+        if self.nvml is not None:
+            out["gpm"] = self.nvml.gpm_status
+        return out
+
+    def own_usage(self) -> SelfUsage:
+        """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
+        both together as % of one core, and torchwatch's peak RSS (bytes)."""
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        own = me.ru_utime + me.ru_stime
+        wall = max(1e-9, (self.ended_at or time.monotonic()) - self.started)
+        return SelfUsage(
+            torchwatch_cpu_s=round(own, 3),
+            pyspy_cpu_s=round(self.pyspy.cpu_s, 3),
+            wall_s=round(wall, 2),
+            cpu_pct_of_core=round(100 * (own + self.pyspy.cpu_s) / wall, 2),
+            max_rss_bytes=me.ru_maxrss * 1024,
+        )
+
+    def why_missing(self, feature: str) -> str:
+        """Why ``feature`` has no value: the status of its source, or too few samples."""
+        spec = feats.CATALOGUE.get(feature)
+        if spec is None:
+            return "unknown feature"
+        by_source = {
+            "py-spy": "py-spy",
+            "proc": "threads",
+            "psutil": "psutil",
+            "psi": "psutil",
+            "diskstats": "psutil",
+            "vmstat": "psutil",
+            "nvml": "nvml",
+            "gpm": "gpm",
+            "hook": "hook",
+            "burst": "hook",
+        }
+        names = [by_source.get(part, part) for part in spec.source.split("+")]
+        statuses = self.statuses()
+        for name in names:
+            st = statuses.get(name)
+            if st is not None and st.status is Status.UNAVAILABLE:
+                return f"{name} unavailable: {st.reason}"
+        if feature == "gpu_proc_sm_pct":
+            last = self.store.latest(GpuSample)
+            if isinstance(last, GpuSample) and last.proc_util_reason:
+                return last.proc_util_reason
+        if spec.source == "gpm":
+            last = self.store.latest(GpuSample)
+            if isinstance(last, GpuSample) and last.gpm_reason:
+                return last.gpm_reason
+        if self.main_pid is None:
+            return "no Python training process found in the tree yet"
+        if "diskstats" in spec.source:
+            return (
+                "no block device served enough reads in the window "
+                "(data in the page cache or RAM, or on a network file system)"
+            )
+        if spec.source == "burst":
+            return "no profiler burst has completed yet (press b, or torchwatch burst PID)"
+        if spec.source == "hook" and feature.startswith("dl_"):
+            return "no DataLoader iterated in the training yet"
+        return "not enough samples in the window yet, or the loop never entered that state"
+
+    def _sample_loop(self, src: Source) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                readings = src.sample(t0)
+            except Exception as exc:
+                log.exception("the %s sampler failed; it stops, the other sources keep running", src.name)
+                src.status = SourceStatus.unavailable(
+                    f"internal error in {src.name}: {exc!r}", "please report it; other sources keep running"
+                )
+                return
+            self.store.add(readings)
+            if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
+                self.ended_at = time.monotonic()
+            if self.ended_at is not None:
+                return
+            self._stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
+
+    def analyze(self, now: float | None = None) -> Analysis:
+        """Compute features and evaluate the rules over the last ``window_s`` seconds."""
+        now = time.monotonic() if now is None else now
+        end = self.ended_at if self.ended_at is not None else now
+        window = self.store.window(end - self.options.window_s, end)
+        analysis = self.diagnoser.evaluate(feats.compute(window, self.main_pid), now)
+        with self._lock:
+            self.latest = analysis
+            if self.ended_at is None:
+                self.last_alive = analysis
+            label = analysis.verdict.label
+            if not self.history or self.history[-1][1] != label:
+                self.history.append((round(now - self.started, 1), label))
+        observation = self._observe(analysis, now)
+        with self._lock:
+            self._observation = observation
+        if self.options.trace_path is not None:
+            self._trace(analysis, now)
+        return analysis
+
+    def _trace(self, analysis: Analysis, now: float) -> None:
+        record = {
+            "t": round(now - self.started, 2),
+            "main_pid": self.main_pid,
+            "verdict": analysis.verdict.to_json(),
+            "findings": [f.rule for f in analysis.findings],
+            "features": {k: (None if v is None else round(v, 4)) for k, v in analysis.features.items()},
+        }
+        try:
+            with open(self.options.trace_path, "a") as f:  # type: ignore[arg-type]
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            log.warning("--trace: cannot append to %s (%s): tracing stops", self.options.trace_path, exc)
+            self.options = dataclasses.replace(self.options, trace_path=None)
+
+    def _analysis_loop(self) -> None:
+        while not self._stop.wait(self.options.analysis_interval_s):
+            self.store.trim(time.monotonic())
+            if self.ended_at is not None:
+                break
+            try:
+                self.analyze()
+            except Exception as exc:
+                self._log_analysis_error(exc)
+
+    def _log_analysis_error(self, exc: Exception) -> None:
+        """Log a failed analysis: the first of each kind as a warning, every one with its traceback
+        at debug level (the loop retries every second, so a persistent error would flood the log)."""
+        key = f"{type(exc).__name__}: {exc}"
+        if key not in self._errors_seen:
+            self._errors_seen.add(key)
+            log.warning("analysis failed (retried every %g s): %s", self.options.analysis_interval_s, key)
+        log.debug("analysis failed", exc_info=exc)
+
+    # -- the Observation ---------------------------------------------------------------
+    @property
+    def latest_observation(self) -> Observation | None:
+        """The last analysis tick's Observation, ``None`` before the first (costs nothing)."""
+        with self._lock:
+            return self._observation
+
+    def observe(self) -> Observation:
+        """The Observation to show now: the last tick's, or, once the analysis has stopped (the
+        target exited) or before its first tick, one built now (exit line, statuses)."""
+        with self._lock:
+            current = self._observation
+            analysis = self.last_alive or self.latest
+        if current is not None and self.ended_at is None and not self._child_exited():
+            return current
+        return self._observe(analysis, time.monotonic())
+
+    def final_observation(self) -> Observation:
+        """The Observation the report is made of: the last verdict made while the target ran
+        (see :meth:`final`) over the readings up to its exit."""
+        return self._observe(self.final(), time.monotonic())
+
+    def _child_exited(self) -> bool:
+        return self.child is not None and self.child.poll() is not None
+
+    def _target(self) -> TargetView:
+        root = self.tree.root
+        nodes = self.tree.nodes()
+        node = nodes.get(self.main_pid or root) or nodes.get(root)
+        return target_view(root, node.cmdline if node else (), self.child, self.target_gone)
+
+    def _observe(self, analysis: Analysis | None, now: float) -> Observation:
+        """Build the Observation of ``analysis`` at ``now`` (see :func:`torchwatch.watch.observe.observe`)."""
+        target = self._target()
+        with self._lock:
+            history = tuple(VerdictChange(t, label) for t, label in self.history)
+        try:
+            possible = (False, "the training has exited") if target.exited else self.burst_possible()
+        except Exception as exc:  # a failing check must not cost the tick its Observation
+            possible = (False, f"burst check failed: {exc!r}")
+        tick = Tick(
+            now=now,
+            end=self.ended_at if self.ended_at is not None else now,
+            started=self.started,
+            window_s=self.options.window_s,
+            analysis=analysis,
+            statuses=tuple(self.statuses().items()),
+            focus_pid=self.main_pid,
+            target=target,
+            hook_status=self.hook.status,
+            burst_possible=possible,
+            history=history,
+            own_usage=self.own_usage(),
+        )
+        return observe(self.store, tick, self.trends)
+
+    def burst_possible(self) -> tuple[bool, str]:
+        """Whether a profiler burst can be asked for now; if not, why (one line)."""
+        reader = self.hook.reader()
+        if reader is None:
+            return False, "no training process found yet"
+        if self.target_gone:
+            return False, "the training has exited"
+        return reader.burst_possible()
+
+    def request_burst(self, params: dict[str, object] | None = None) -> tuple[bool, str]:
+        """Ask the hook for a profiler burst (non-blocking; see :meth:`HookReader.request_burst`)."""
+        reader = self.hook.reader()
+        if reader is None:
+            return False, "no training process found yet"
+        return reader.request_burst(params)
+
+    def final(self) -> Analysis:
+        """The verdict to report: the last one made while the target ran (or a fresh one)."""
+        with self._lock:
+            if self.last_alive is not None:
+                return self.last_alive
+        return self.analyze()
