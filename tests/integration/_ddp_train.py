@@ -4,7 +4,7 @@ Usage:
     torchrun --standalone --nproc_per_node 2 _ddp_train.py --out DIR [options]
     python _ddp_train.py --spawn --port P --out DIR [options]      (torch.multiprocessing.spawn)
 
-Options: ``--seconds S`` (train this long), ``--workers N`` (DataLoader workers started with the
+Options: ``--seconds S`` (train this long, and at least ``--min-steps`` steps), ``--workers N`` (DataLoader workers started with the
 ``spawn`` context; each writes ``worker-<pid>.json`` into DIR saying whether it carries a hook),
 ``--rank1-sleep-ms M`` (rank 1 sleeps M ms before each forward: the other rank waits for it in
 DDP's all-reduce).
@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--seconds", type=float, default=4.0)
+parser.add_argument("--min-steps", type=int, default=20)
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--rank1-sleep-ms", type=float, default=0.0)
 parser.add_argument("--spawn", action="store_true")
@@ -98,6 +99,7 @@ def run(index: int, args: argparse.Namespace) -> None:
     loader = DataLoader(data, batch_size=16, **kw)
     end = time.monotonic() + args.seconds
     done = torch.zeros(1)
+    steps = 0
     while not done.item():
         for x, y in loader:
             if rank == 1 and args.rank1_sleep_ms:
@@ -105,8 +107,9 @@ def run(index: int, args: argparse.Namespace) -> None:
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
+            steps += 1
             # every rank stops at the same step: rank 0's clock decides
-            done.fill_(float(rank == 0 and time.monotonic() >= end))
+            done.fill_(float(rank == 0 and time.monotonic() >= end and steps >= args.min_steps))
             dist.broadcast(done, 0)
             if done.item():
                 break

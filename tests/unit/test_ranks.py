@@ -215,8 +215,7 @@ def test_counters_carry_backward_and_collective_times_per_step(tmp_path: Path) -
         (step,) = snap.rank_steps()
         assert step == wire.RankStep(2.0, 1.0, 0.2, 0.4, 0.3, 0.1)
         assert step.collective_wait(True) == pytest.approx(0.4) and step.collective_wait(False) == 0.1
-        assert step.before_collective(True) == pytest.approx(1.0 - 0.2 - 0.4)
-        assert step.before_collective(False) == pytest.approx(1.0 - 0.2 - 0.1)
+        assert step.before_collective() == pytest.approx(1.0 - 0.2 - 0.4 - 0.1)
     finally:
         c.close()
         os.close(fd)

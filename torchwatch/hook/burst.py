@@ -87,9 +87,9 @@ def run_name(instance: wire.Instance, started_wall: float) -> str:
     """The folder of this training's traces: ``<host>_<pid>_<YYYYmmdd-HHMMSS>`` (local time the
     hook started).
 
-    ``<host>_<pid>`` is the worker name TensorBoard's ``tensorboard_trace_handler`` uses. When
-    ranks exist (torchrun), the run becomes the launcher's and each burst folder gets one trace
-    per rank, the rank in the file name and in the trace's ``distributedInfo``.
+    ``<host>_<pid>`` is the worker name TensorBoard's ``tensorboard_trace_handler`` uses. A
+    burst asked of every rank with a group name goes to the group's folder instead (see the
+    module docstring), one trace per rank.
     """
     return f"{_host()}_{instance.pid}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(started_wall))}"
 

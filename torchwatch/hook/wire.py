@@ -987,13 +987,17 @@ class RankStep(NamedTuple):
         """
         return self.collective + (self.backward_blocked if backward_blocked_is_comm else 0.0)
 
-    def before_collective(self, backward_blocked_is_comm: bool) -> float:
-        """The step's own work before it waits on its peers, s: the step minus data wait and
-        collective wait (forward, backward compute, optimizer and other host work). In
-        synchronous data parallelism every rank's step lasts as long as the slowest's; the
-        rank with the longest time before the collective is the one the others wait for
-        (HolisticTraceAnalysis's straggler analysis: the rank whose collective starts last)."""
-        return max(0.0, self.duration - self.data_wait - self.collective_wait(backward_blocked_is_comm))
+    def before_collective(self) -> float:
+        """What the rank does in the step besides loading data, backward and collectives, s:
+        the step minus data wait, backward wall and explicit collectives (forward, optimizer
+        and other host work). In synchronous data parallelism every rank's step lasts as long
+        as the slowest's, so the step itself names no straggler; the rank that arrives last at
+        the gradient all-reduce does (HolisticTraceAnalysis's straggler analysis: the rank whose
+        last collective starts latest; TraceML: the rank with the shortest backward, which
+        includes the wait). ``data_wait + before_collective()`` is how long a rank takes to
+        reach its backward pass; the rank with the longest is the straggler, and the larger
+        of the two parts says why."""
+        return max(0.0, self.duration - self.data_wait - self.backward - self.collective)
 
 
 @dataclass(frozen=True)
