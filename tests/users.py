@@ -81,16 +81,23 @@ class User:
 def _python_for(uid: int, gid: int) -> str:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     probe = User("probe", uid, gid)
+    why: list[str] = []
     for exe in (sys.executable, f"/usr/bin/python{version}", f"/usr/local/bin/python{version}"):
         if not os.path.exists(exe):
             continue
         try:
             r = probe.run([exe, "-c", "import torch, torchwatch.hook"], timeout=120)
-        except OSError:  # not executable by that user (an interpreter under /root)
+        except OSError as e:  # not executable by that user (an interpreter under /root)
+            why.append(f"{exe}: {e}")
             continue
         if r.returncode == 0:
             return exe
-    raise RuntimeError(f"no Python {version} that uid {uid} can run with torch importable")
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        why.append(f"{exe}: {last}")
+    raise RuntimeError(
+        f"no Python {version} that uid {uid} can run with torch importable from {sysconfig.get_paths()['purelib']}"
+        f" (is every directory above it readable by other users?): {'; '.join(why)}"
+    )
 
 
 def available() -> str:
