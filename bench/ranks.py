@@ -1,4 +1,4 @@
-"""The distributed scenarios (tests/scenarios/dist/): their reliefs, and what the hook publishes per rank.
+"""The distributed scenarios (tests/scenarios/distributed/): their reliefs, and what the hook publishes per rank.
 
 Two tables, printed; ``--json PATH`` writes them too. Rerun:
 
@@ -40,7 +40,7 @@ from torchwatch.hook import wire  # noqa: E402
 from torchwatch.sources.hook import HookReader  # noqa: E402
 from torchwatch.watch import hook_env  # noqa: E402
 
-SCEN_DIR = REPO / "tests" / "scenarios" / "dist"
+SCEN_DIR = REPO / "tests" / "scenarios" / "distributed"
 SCENARIOS = ("balanced", "straggler_data", "comm_bound")
 LAUNCHERS = ("torchrun", "mp.spawn")
 FINAL = re.compile(r"^demo (\S+): done, (\d+) steps in ([\d.]+) s, ([\d.]+) steps/s$", re.MULTILINE)

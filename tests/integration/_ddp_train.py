@@ -4,8 +4,9 @@ Usage:
     torchrun --standalone --nproc_per_node 2 _ddp_train.py --out DIR [options]
     python _ddp_train.py --spawn --port P --out DIR [options]      (torch.multiprocessing.spawn)
 
-Options: ``--seconds S`` (train this long, and at least ``--min-steps`` steps), ``--workers N`` (DataLoader workers started with the
-``spawn`` context; each writes ``worker-<pid>.json`` into DIR saying whether it carries a hook),
+Options: ``--seconds S`` (train this long, and at least ``--min-steps`` steps), ``--workers N``
+(DataLoader workers started with the ``spawn`` context; each writes ``worker-<pid>.json`` into
+DIR saying whether it carries a hook),
 ``--rank1-sleep-ms M`` (rank 1 sleeps M ms before each forward: the other rank waits for it in
 DDP's all-reduce).
 

@@ -23,6 +23,19 @@ def test_a_spawned_child_is_a_rank_only_when_its_parent_marked_it() -> None:
     assert not should_install(tracker, spawn_mark=INST.dir_name)[0]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python", "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "train.py"],
+        ["python", "-m", "deepspeed.launcher.runner", "train.py"],
+        ["python", "/venv/bin/deepspeed", "train.py"],
+    ],
+)
+def test_deepspeed_launchers_leave_the_hook_to_their_ranks(argv: list[str]) -> None:
+    # deepspeed's runner starts "python -u -m deepspeed.launcher.launch", which starts the ranks
+    assert not should_install(argv)[0]
+
+
 def test_the_mark_is_taken_out_of_the_environment_and_checked() -> None:
     env = {ranks.SPAWN_MARK: INST.dir_name, "OTHER": "x"}
     assert ranks.take_spawn_mark(env) == INST.dir_name and env == {"OTHER": "x"}

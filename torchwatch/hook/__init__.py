@@ -18,7 +18,15 @@ from pathlib import Path
 __all__ = ["install", "should_install"]
 
 # Python processes that are not the training even though they inherit its environment.
-_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
+# deepspeed's launcher runs ``python -m deepspeed.launcher.launch``, which starts the ranks: a hook
+# there would take the pre-load variables out of the environment before the ranks inherit it.
+_LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+)
 _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
 _HELPER_MODULE_PREFIXES = ("torch._inductor.",)  # torch.compile's compile workers
 # ... also started as a script path: python .../torch/_inductor/compile_worker/__main__.py

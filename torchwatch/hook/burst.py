@@ -167,6 +167,7 @@ class Burster:
         self._armed_at = 0.0
         self._started_at = 0.0
         self._first_step: int | None = None
+        self._prev_step_at = 0.0  # the last step boundary seen while armed, monotonic s
         self._active_steps = 0
         self._recorded = 0
         self._rss_before = 0
@@ -208,6 +209,7 @@ class Burster:
         if self.first_rss is None:
             self.first_rss = self._rss_before
         self._armed_at = now
+        self._prev_step_at = 0.0
         self.count += 1
         if stepping:
             self.state, self.mode = "armed", "steps"
@@ -231,7 +233,10 @@ class Burster:
                 if now - self._armed_at > ARM_MAX_S:
                     self._abort(now, f"step {start} not reached in {ARM_MAX_S:g} s (at step {step})")
                 else:
-                    self._schedule(self.params.arm_timeout_s)  # still stepping: wait on
+                    # still stepping: wait on, as long as three of these steps if they are slow
+                    last = now - self._prev_step_at if self._prev_step_at else 0.0
+                    self._schedule(max(self.params.arm_timeout_s, 3 * last))
+                self._prev_step_at = now
                 return
             self._cancel_timer()
             self._start_steps(now, step)

@@ -403,8 +403,8 @@ class Hook:
                 return orig(*args, **kwargs)
             t0 = monotonic()
             c0 = thread_time()
-            hook.backward_started(t0)
             try:
+                hook.backward_started(t0)
                 result = orig(*args, **kwargs)
             except BaseException:
                 hook.backward_aborted()
@@ -432,8 +432,8 @@ class Hook:
                 if not _active or hook._in_comm or hook._in_backward or get_ident() != hook._main_ident:
                     return orig(*args, **kwargs)
                 t0 = monotonic()
-                hook.collective_started(t0)
                 try:
+                    hook.collective_started(t0)
                     return orig(*args, **kwargs)
                 finally:
                     hook.collective_ended(monotonic() - t0)
@@ -635,15 +635,20 @@ class Hook:
             self.counters.set_step_source(source)
         self.publish()
 
-    def backward_started(self, t0: float) -> None:
-        """The main thread entered ``torch.autograd.backward`` at ``t0`` (monotonic s)."""
-        self._in_backward = True
+    def _write(self, what: str, write: Any, *args: float) -> None:
+        """``write(counters, *args)`` (a :class:`publish.Counters` method); a failure (a closed
+        mapping at exit) becomes an error of the ``what`` wrapper, never the training's."""
         counters = self.counters
         if counters is not None:
             try:
-                counters.backward_started(t0)
-            except Exception as exc:  # a closed mapping at exit
-                self.error(f"backward wrapper: {exc!r}")
+                write(counters, *args)
+            except Exception as exc:
+                self.error(f"{what} wrapper: {exc!r}")
+
+    def backward_started(self, t0: float) -> None:
+        """The main thread entered ``torch.autograd.backward`` at ``t0`` (monotonic s)."""
+        self._in_backward = True
+        self._write("backward", publish.Counters.backward_started, t0)
 
     def backward_aborted(self) -> None:
         """The backward pass raised: neither a step nor a backward pass to count."""
@@ -689,22 +694,13 @@ class Hook:
     def collective_started(self, t0: float) -> None:
         """The main thread entered a collective at ``t0`` (monotonic s)."""
         self._in_comm = True
-        counters = self.counters
-        if counters is not None:
-            try:
-                counters.collective_started(t0)
-            except Exception as exc:
-                self.error(f"collective wrapper: {exc!r}")
+        self._write("collective", publish.Counters.collective_started, t0)
 
     def collective_ended(self, waited: float) -> None:
         """The collective returned (or raised) after ``waited`` s."""
         self._in_comm = False
-        try:
-            self._comm_since_step += waited
-            if self.counters is not None:
-                self.counters.collective_ended(waited)
-        except Exception as exc:
-            self.error(f"collective wrapper: {exc!r}")
+        self._comm_since_step += waited
+        self._write("collective", publish.Counters.collective_ended, waited)
 
     def on_batch(self, it: Any, t0: float, t1: float, batch: Any) -> None:
         """A batch arrived: ``__next__`` ran from ``t0`` to ``t1`` (monotonic s)."""
