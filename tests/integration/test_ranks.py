@@ -80,9 +80,11 @@ def test_ranks_are_hooked_with_their_identity_and_their_workers_are_not(tmp_path
             assert ident["sources"]["local_rank"] == "mp.spawn index"
             assert ident["spawned_by"] is not None
         assert ident["job"] == ranks[0]["state"]["rank"]["job"]  # one job key for all ranks
+        print(f"{launcher} rank {r}: pid {view['pid']} identity {ident} steps {view['steps']}")  # pytest -s
     workers = [json.loads(p.read_text()) for p in out.glob("worker-*.json")]
     assert len(workers) == 4  # 2 ranks x 2 spawned workers
     assert all(w == {"hooked": False, "mark": None, "preload": None} for w in workers), workers
+    print(f"{launcher}: {len(workers)} DataLoader workers, hooked: {[w['hooked'] for w in workers]}")
     if launcher == "mp.spawn":
         launcher_view = json.loads((out / "launcher.json").read_text())
         assert launcher_view["hooked"]
@@ -103,6 +105,9 @@ def test_the_rank_that_waits_on_a_slow_peer_shows_it_blocked_in_backward(tmp_pat
     assert fast["backward_blocked"] - slow["backward_blocked"] > 0.5 * sleep_ms / 1000, (fast, slow)
     # what each does before the collective: rank 1 its sleep and forward, rank 0 its forward
     before = {r: m["duration"] - m["data_wait"] - m["backward"] - m["collective"] for r, m in medians.items()}
+    for r, m in medians.items():  # the figures, shown with pytest -s
+        ms = {k: round(1000 * m[k], 1) for k in ("duration", "backward", "backward_blocked", "collective")}
+        print(f"{launcher} rank {r} (rank 1 sleeps {sleep_ms:g} ms): {ms}, before collective {1000 * before[r]:.1f}")
     assert before[1] - before[0] > 0.5 * sleep_ms / 1000, before
 
 
@@ -154,6 +159,8 @@ def test_a_burst_on_every_rank_profiles_the_same_steps_into_one_folder_hta_reads
         assert res.get("error") is None, res
         assert (res["start_step"], res["first_step"], res["group"], res["rank"]) == (start, start, group, rank)
         assert res["breakdown_share"]["communication"] > 0, res["breakdown_share"]
+        share = res["breakdown_share"]["communication"]
+        print(f"burst rank {rank}: from step {res['first_step']}, communication share {share:.3f}")  # pytest -s
     folder = tmp_path / "traces" / group
     assert {Path(r["trace_dir"]) for r in results} == {folder}
     names = sorted(p.name for p in folder.iterdir())
@@ -162,6 +169,7 @@ def test_a_burst_on_every_rank_profiles_the_same_steps_into_one_folder_hta_reads
         assert len(list((tmp_path / "traces").glob(f"{group}.*.rank{rank}.1.summary.json"))) == 1
     analysis = hta.TraceAnalysis(trace_dir=str(folder))
     assert sorted(analysis.t.traces) == [0, 1]  # two ranks found
+    print(f"burst folder {folder.name}: {names}; HTA ranks {sorted(analysis.t.traces)}")
     profiled = {start + 1, start + 2, start + 3}  # step `start` is the warmup
     iterations = []
     for rank, name in enumerate(names):
