@@ -3,6 +3,7 @@
 Three tables, printed; ``--json PATH`` writes them too. Rerun:
 
     python bench/hook_cost.py [--pairs 5] [--seconds 15] [--demos cpu_bound,dataloader_bound] [--bursts 5]
+    python bench/hook_cost.py --demos '' --bursts 0      (the per-call table alone: a few seconds)
 
 1. Per call: the optimizer step hook, the DataLoader ``__next__`` wrapper, the
    ``torch.autograd.backward`` wrapper (with optimizer steps, and as the step boundary of a loop
@@ -209,12 +210,14 @@ def main() -> int:
         f"collective wrapper +{calls['collective_wrapper_us']:.1f} us"
     )
 
-    print(
-        f"\n{'demo':17s} {'alone':>8s} {'hooked':>8s} {'ratio':>6s}  "
-        f"(medians of {args.pairs} interleaved pairs, {args.seconds:g} s each)"
-    )
+    demos = [d for d in args.demos.split(",") if d]
+    if demos:
+        print(
+            f"\n{'demo':17s} {'alone':>8s} {'hooked':>8s} {'ratio':>6s}  "
+            f"(medians of {args.pairs} interleaved pairs, {args.seconds:g} s each)"
+        )
     result["demos"] = []
-    for demo in args.demos.split(","):
+    for demo in demos:
         alone, hooked, ratios = [], [], []
         for _ in range(args.pairs):
             a = run_demo(demo, args.seconds, False)

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.utils.data import Dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "demo"))
@@ -142,3 +144,34 @@ def busy(seconds: float) -> None:
     x = torch.randn(32, 32)
     while time.thread_time() < end:
         x = torch.tanh(x @ x) * 0.5
+
+
+class BusyRows(Dataset[tuple[torch.Tensor, int]]):
+    """``n`` in-memory rows of ``dim`` features (the same on every rank), labelled ``i % classes``;
+    each sample costs ``per_sample_s`` of CPU to prepare (:func:`busy`)."""
+
+    def __init__(self, n: int, dim: int, classes: int, per_sample_s: float) -> None:
+        self.x = torch.randn(n, dim, generator=torch.Generator().manual_seed(0))
+        self.classes = classes
+        self.per_sample_s = per_sample_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        busy(self.per_sample_s)
+        return self.x[i], i % self.classes
+
+
+def sgd_steps(model: torch.nn.Module, data: Iterator[Any], lr: float = 0.01) -> Step:
+    """One DDP step a call: the next batch, forward, cross-entropy, backward (the gradient
+    all-reduce), ``torch.optim.SGD`` step."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step(i: int) -> None:
+        x, y = next(data)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+        opt.step()
+
+    return step

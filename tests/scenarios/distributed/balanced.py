@@ -16,10 +16,8 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dist
@@ -30,36 +28,13 @@ NAME = "balanced"
 N_SAMPLES, BATCH, DIM, CLASSES = 4096, 256, 512, 10
 
 
-class Rows(Dataset[tuple[torch.Tensor, int]]):
-    """In-memory rows; each sample costs a little CPU (the same on every rank)."""
-
-    def __init__(self, per_sample_s: float) -> None:
-        self.x = torch.randn(N_SAMPLES, DIM, generator=torch.Generator().manual_seed(0))
-        self.per_sample_s = per_sample_s
-
-    def __len__(self) -> int:
-        return N_SAMPLES
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        _dist.busy(self.per_sample_s)
-        return self.x[i], i % CLASSES
-
-
 def setup(rank: int, world: int, args: argparse.Namespace) -> _dist.Step:
     width = 256 if args.relieve else 1024
     model = nn.parallel.DistributedDataParallel(
         nn.Sequential(nn.Linear(DIM, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, CLASSES))
     )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = _dist.batches(DataLoader(Rows(0.00002), batch_size=BATCH, shuffle=True, drop_last=True))
-
-    def step(i: int) -> None:
-        x, y = next(data)
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+    rows = _dist.BusyRows(N_SAMPLES, DIM, CLASSES, 0.00002)
+    return _dist.sgd_steps(model, _dist.batches(DataLoader(rows, batch_size=BATCH, shuffle=True, drop_last=True)))
 
 
 if __name__ == "__main__":

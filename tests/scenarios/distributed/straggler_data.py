@@ -17,10 +17,8 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _dist
@@ -33,36 +31,12 @@ PER_SAMPLE_S = 0.0005
 SLOW_FACTOR = 4
 
 
-class Prepared(Dataset[tuple[torch.Tensor, int]]):
-    """Samples that cost ``per_sample_s`` of CPU each to prepare."""
-
-    def __init__(self, per_sample_s: float) -> None:
-        self.x = torch.randn(N_SAMPLES, DIM, generator=torch.Generator().manual_seed(0))
-        self.per_sample_s = per_sample_s
-
-    def __len__(self) -> int:
-        return N_SAMPLES
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        _dist.busy(self.per_sample_s)
-        return self.x[i], i % CLASSES
-
-
 def setup(rank: int, world: int, args: argparse.Namespace) -> _dist.Step:
     slow = rank == 1 and not args.relieve
-    dataset = Prepared(PER_SAMPLE_S * (SLOW_FACTOR if slow else 1))
+    dataset = _dist.BusyRows(N_SAMPLES, DIM, CLASSES, PER_SAMPLE_S * (SLOW_FACTOR if slow else 1))
     loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, drop_last=True)
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(DIM, 512), nn.ReLU(), nn.Linear(512, CLASSES)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = _dist.batches(loader)
-
-    def step(i: int) -> None:
-        x, y = next(data)
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+    return _dist.sgd_steps(model, _dist.batches(loader))
 
 
 if __name__ == "__main__":
