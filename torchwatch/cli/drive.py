@@ -12,6 +12,7 @@ How a watch ends decides torchwatch's exit status (the README's "Exit status" ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import signal
@@ -27,8 +28,10 @@ from typing import TextIO
 import psutil
 
 from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.cli.injecting import Injected, detach_hook, inject_hook
 from torchwatch.faces import report
 from torchwatch.faces.headless import status_line
+from torchwatch.inject.injector import Injector
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.watch.lifecycle import (
     Launched,
@@ -60,6 +63,8 @@ class WatchOptions:
     hook: bool = True
     burst_at: tuple[int, ...] = ()
     fail_on: tuple[str, ...] = ()
+    inject: bool = True
+    keep_hook: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -74,6 +79,8 @@ class WatchOptions:
             hook=not getattr(args, "no_hook", False),
             burst_at=tuple(getattr(args, "burst_at", None) or ()),
             fail_on=tuple(args.fail_on or ()),
+            inject=not getattr(args, "no_inject", False),
+            keep_hook=bool(getattr(args, "keep_hook", False)),
         )
 
     def session_options(self, launched: bool = False) -> SessionOptions:
@@ -178,21 +185,50 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
 def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     """``torchwatch attach``: watch a running process until it exits, ``--duration``, ``q`` or a signal.
 
+    Unless ``--no-inject``, the hook is injected into the training first and taken out again at
+    the end unless ``--keep-hook`` (:mod:`torchwatch.cli.injecting`); a refused or failed
+    injection leaves one line on stderr and the watch goes on from outside.
+
     Raises:
         TorchwatchError: see :func:`torchwatch.watch.target.check_attachable`.
     """
     rules = load_rules(opts.rules_dirs)
     report.check_json_path(opts.json_path)
     check_trace_path(opts.trace)
-    check_attachable(pid)
+    tree = check_attachable(pid)
     opts = _headless_without_terminal(opts)
-    try:
-        session = Session(pid, rules, opts.session_options())
-    except psutil.NoSuchProcess:
-        raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
-    session.start()
-    ending = _drive(session, None, opts, None, stops)
+    with contextlib.ExitStack() as stack:
+        injected: Injected | None = None
+        injector: Injector | None = None
+        if opts.inject:
+            injector = stack.enter_context(Injector())
+            injector.warm_up()
+            mains = tree.mains()
+            injected = inject_hook(injector, pid if pid in mains or not mains else mains[0])
+        try:
+            # a hook just injected has not published yet: "starting", not "unavailable", until it does
+            hooked = bool(injected and injected.hooked)
+            session = Session(pid, rules, replace(opts.session_options(), hook_expected=hooked))
+        except psutil.NoSuchProcess:
+            raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
+        try:
+            session.start()
+            ending = _drive(session, None, opts, None, stops)
+        finally:
+            if injector is not None and injected is not None and injected.ours and not opts.keep_hook:
+                _take_out(injector, injected.pid)
     return _exit_status(ending, session, opts)
+
+
+def _take_out(injector: Injector, pid: int) -> None:
+    """Detach the hook attach injected (one line on stderr), unless the training is gone."""
+    if not psutil.pid_exists(pid):
+        return
+    done, line, hint = detach_hook(injector, pid)
+    text = f"torchwatch: {line}" + (f" (hint: {hint})" if hint else "")
+    if not done:
+        text += f"; to try again: torchwatch detach {pid}"
+    print(text, file=sys.stderr)
 
 
 def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
