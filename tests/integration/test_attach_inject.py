@@ -120,6 +120,8 @@ def test_attach_injects_into_a_plain_training_and_detaching_restores_it(dataload
     assert f"hook taken out of PID {pid}" in watched.stderr, watched.stderr
     assert bursts and bursts[0].returncode == 0, bursts and bursts[0].stderr
     assert watched.report is not None
+    injection = watched.report["injection"]
+    assert injection["injected"] and injection["method"] == "ptrace" and injection["pause_ms"] > 0, injection
     hook = watched.report["hook"]
     assert hook["status"] == "ok", hook
     assert hook["steps"] >= 1
@@ -154,7 +156,7 @@ def test_attach_injects_into_a_plain_training_and_detaching_restores_it(dataload
     assert "Traceback" not in "".join(dataloader_demo.lines)
 
 
-def test_no_inject_and_a_refused_injection_watch_from_outside(dataloader_demo: Demo) -> None:
+def test_no_inject_and_a_refused_injection_watch_from_outside(dataloader_demo: Demo, tmp_path: Path) -> None:
     pid = dataloader_demo.proc.pid
     plain = torchwatch("attach", "--headless", "--duration", "3", "--no-inject", str(pid))
     assert plain.code == 0 and "inject" not in plain.stderr and "outside only" not in plain.stderr, plain.stderr
@@ -162,7 +164,8 @@ def test_no_inject_and_a_refused_injection_watch_from_outside(dataloader_demo: D
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pid)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "seized"
-        refused = torchwatch("attach", "--headless", "--duration", "3", str(pid))
+        out = tmp_path / "refused.json"
+        refused = torchwatch("attach", "--headless", "--duration", "3", "--json", str(out), str(pid), json_path=out)
     finally:
         holder.kill()
         holder.wait()
@@ -172,6 +175,8 @@ def test_no_inject_and_a_refused_injection_watch_from_outside(dataloader_demo: D
     assert refused.code == 0 and len(lines) == 1, refused.stderr
     assert f"already traced by PID {holder.pid}" in lines[0], lines[0]
     assert "hook taken out" not in refused.stderr  # nothing was injected, nothing to take out
+    assert refused.report is not None and refused.report["injection"]["injected"] is False
+    assert refused.report["injection"]["reason"] in lines[0]
     assert dataloader_demo.proc.poll() is None
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import psutil
 
@@ -213,7 +213,7 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
             raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
         try:
             session.start()
-            ending = _drive(session, None, opts, None, stops)
+            ending = _drive(session, None, opts, None, stops, injected.report() if injected else None)
         finally:
             if injector is not None and injected is not None and injected.ours and not opts.keep_hook:
                 _take_out(injector, injected.pid)
@@ -259,9 +259,17 @@ def _failed_on(session: Session, opts: WatchOptions) -> bool:
 
 
 def _drive(
-    session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
+    session: Session,
+    child: Launched | None,
+    opts: WatchOptions,
+    log_path: Path | None,
+    stops: StopSignals,
+    injection: dict[str, Any] | None = None,
 ) -> Ending:
-    """Watch until the end, stop what must be stopped, write the reports; how it ended."""
+    """Watch until the end, stop what must be stopped, write the reports; how it ended.
+
+    ``injection``: what attach did to get inside (the report's ``injection`` key).
+    """
     start = time.monotonic()
     ending = Ending("error")
     try:
@@ -281,7 +289,7 @@ def _drive(
         if child is not None and ending.by != "left running":
             child.close()
         session.stop()
-    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path)
+    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path, injection)
     return ending
 
 
@@ -400,12 +408,13 @@ def _write_reports(
     opts: WatchOptions,
     watched_s: float,
     log_path: Path | None = None,
+    injection: dict[str, Any] | None = None,
 ) -> None:
     """The JSON report first (a file survives a closed terminal), then the end of the training's
     output (TUI) and the text report."""
     obs = session.final_observation()
     pid = obs.target.pid
-    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s)
+    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s, injection=injection)
     text = report.render_text(data)
     if opts.json_path == "-":
         _emit(text, sys.stderr, fatal=False)

@@ -42,6 +42,19 @@ class Injected:
     ours: bool
     line: str
     pause_ms: float | None = None
+    method: str | None = None
+
+    def report(self) -> dict[str, Any]:
+        """The JSON report's ``injection`` key: ``injected`` (torchwatch put the hook in now),
+        ``hooked`` (a hook publishes or will), ``method``, ``pause_ms``, ``reason`` (the line said)."""
+        reason = self.line.removeprefix("torchwatch: ")
+        return {
+            "injected": self.ours,
+            "hooked": self.hooked,
+            "method": self.method,
+            "pause_ms": None if self.pause_ms is None else round(self.pause_ms, 1),
+            "reason": reason,
+        }
 
 
 def pause_ms(outcome: Outcome) -> float | None:
@@ -105,6 +118,7 @@ def inject_hook(injector: Injector, pid: int) -> Injected:
             f"torchwatch: hook injected into PID {pid} through {outcome.method} in {outcome.wall_s * 1e3:.0f} ms"
             f"{held_text}: {when}{signal_text}; taken out when attach ends (--keep-hook leaves it)",
             held,
+            outcome.method,
         )
     print(found.line, file=sys.stderr)
     return found
