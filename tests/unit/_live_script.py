@@ -1,6 +1,7 @@
 """A tiny training that installs and takes out the live hook in itself: ``_live_script.py MODE DIR``.
 
-Modes: ``cycle`` (install, train, detach, train, install again, detach), ``wrapped`` (someone
+Modes: ``cycle`` (install, train, detach, train, install again, detach), ``burst`` (detach
+while a burst records), ``wrapped`` (someone
 wraps DataLoader iteration and takes SIGUSR2 after the install), ``at-start`` (the hook was
 installed the ordinary way). Prints one JSON object with what it saw.
 """
@@ -68,6 +69,22 @@ for _ in range(5):
     step()
 out["state"] = hook.state()
 out["files"] = sorted(os.listdir(hook.dir))
+if mode == "burst":
+    import time
+
+    os.kill(os.getpid(), signal.SIGUSR2)  # what torchwatch burst sends: a burst is armed
+    for _ in range(3):
+        step()
+    out["burst_state"] = hook.burster.state
+    t0 = time.monotonic()
+    out["detach"] = live.detach()
+    out["detach_s"] = time.monotonic() - t0
+    out["profiler_on"] = bool(torch.autograd._profiler_enabled())
+    for _ in range(3):
+        step()
+    out["unpatched"] = unpatched()
+    print(json.dumps(out, default=str))
+    sys.exit(0)
 if mode == "wrapped":
     mine = dl._BaseDataLoaderIter.__next__
 

@@ -68,6 +68,14 @@ def test_install_in_a_running_training_then_detach_restores_everything(tmp_path:
     assert out["detach_last"]["detached"] and out["unpatched_last"]
 
 
+def test_detach_during_a_burst_stops_the_profiler(tmp_path: Path) -> None:
+    out = _run("burst", tmp_path)
+    assert out["burst_state"] == "running", out
+    # the profiler stops on the held main thread (0.25-0.5 s here); the summary is not waited for
+    assert out["detach"]["detached"] and out["detach_s"] < 2.0, out
+    assert not out["profiler_on"] and out["unpatched"]
+
+
 def test_detach_leaves_what_the_training_changed_since(tmp_path: Path) -> None:
     out = _run("wrapped", tmp_path)
     left = out["detach"]["left"]

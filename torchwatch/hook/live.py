@@ -334,11 +334,14 @@ def _undo() -> list[str]:
     hook._unpatch.clear()
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, runtime._TorchImportWatcher)]
     atexit.unregister(hook.close)
-    burster = hook.burster
-    if burster is not None and burster._worker is not None and burster._worker.is_alive():
-        # a summary is being computed: let it end on its own rather than hold the training for it
-        burster._cancel_timer()
-        hook.burster = None
+    burster, hook.burster = hook.burster, None
+    if burster is not None:
+        # Stop a burst in progress, but never wait for its summary (Burster.close joins the summary
+        # thread for up to 10 s) while the training's main thread is held: it ends on its own.
+        with contextlib.suppress(Exception):
+            burster._cancel_timer()
+            if burster._prof is not None:
+                burster._finish(time.monotonic())
     hook.close()
     runtime._HOOK = None
     if live.created_base:
