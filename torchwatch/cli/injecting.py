@@ -153,14 +153,9 @@ def detach_command(pid_text: str) -> int:
     Raises:
         TorchwatchError: the PID is malformed, or nothing could be taken out (one line, with why).
     """
-    from torchwatch.model.errors import UsageError
+    from torchwatch.watch.target import parse_pid
 
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        raise UsageError(f"PID must be a number, not {pid_text!r}", "find it with: pgrep -af python") from None
-    if pid <= 0:
-        raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -af python")
+    pid = parse_pid(pid_text)
     with Injector() as injector:
         done, line, hint = detach_hook(injector, pid)
     if not done:
