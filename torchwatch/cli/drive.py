@@ -200,11 +200,15 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     with contextlib.ExitStack() as stack:
         injected: Injected | None = None
         injector: Injector | None = None
+        started: float | None = None
         if opts.inject:
             injector = stack.enter_context(Injector())
             injector.warm_up()
             mains = tree.mains()
-            injected = inject_hook(injector, pid if pid in mains or not mains else mains[0])
+            into = pid if pid in mains or not mains else mains[0]
+            with contextlib.suppress(psutil.Error):
+                started = psutil.Process(into).create_time()
+            injected = inject_hook(injector, into)
         try:
             # a hook just injected has not published yet: "starting", not "unavailable", until it does
             hooked = bool(injected and injected.hooked)
@@ -216,13 +220,17 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
             ending = _drive(session, None, opts, None, stops, injected.report() if injected else None)
         finally:
             if injector is not None and injected is not None and injected.ours and not opts.keep_hook:
-                _take_out(injector, injected.pid)
+                _take_out(injector, injected.pid, started)
     return _exit_status(ending, session, opts)
 
 
-def _take_out(injector: Injector, pid: int) -> None:
-    """Detach the hook attach injected (one line on stderr), unless the training is gone."""
-    if not psutil.pid_exists(pid):
+def _take_out(injector: Injector, pid: int, started: float | None) -> None:
+    """Detach the hook attach injected (one line on stderr), unless the training is gone: its PID
+    exited, or now names another process (another start time)."""
+    try:
+        if psutil.Process(pid).create_time() != started:
+            return
+    except psutil.Error:
         return
     done, line, hint = detach_hook(injector, pid)
     text = f"torchwatch: {line}" + (f" (hint: {hint})" if hint else "")
