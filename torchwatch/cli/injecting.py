@@ -109,7 +109,7 @@ def inject_hook(injector: Injector, pid: int) -> Injected:
     else:
         held = pause_ms(outcome)
         held_text = "" if held is None else f"; the training was held {held:.0f} ms"
-        when = "it activates when the training imports torch" if value.get("lazy") else "steps and DataLoaders now"
+        when = "it activates when the training imports torch" if value.get("lazy") else "it measures from now on"
         signal_text = "" if value.get("signal_owned") or value.get("lazy") else " (bursts off: see the hook's errors)"
         found = Injected(
             pid,
