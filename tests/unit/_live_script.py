@@ -1,7 +1,7 @@
 """A tiny training that installs and takes out the live hook in itself: ``_live_script.py MODE DIR``.
 
 Modes: ``cycle`` (install, train, detach, train, install again, detach), ``burst`` (detach
-while a burst records), ``wrapped`` (someone
+while a burst records), ``unusable`` (the hook directory cannot be used), ``wrapped`` (someone
 wraps DataLoader iteration and takes SIGUSR2 after the install), ``at-start`` (the hook was
 installed the ordinary way). Prints one JSON object with what it saw.
 """
@@ -59,6 +59,15 @@ if mode == "at-start":
     out["install"] = live.install()
     out["detach"] = live.detach()
     print(json.dumps(out))
+    sys.exit(0)
+if mode == "unusable":
+    with open(directory, "w") as f:  # TORCHWATCH_DIR names a file: the hook cannot publish
+        f.write("")
+    out["install"] = live.install()
+    out["unpatched"] = unpatched()
+    out["sigusr2_default"] = signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    out["hook_gone"] = runtime.current() is None
+    print(json.dumps(out, default=str))
     sys.exit(0)
 out["prepare"] = live.prepare()
 out["install"] = live.install()

@@ -76,6 +76,13 @@ def test_detach_during_a_burst_stops_the_profiler(tmp_path: Path) -> None:
     assert not out["profiler_on"] and out["unpatched"]
 
 
+def test_an_install_that_cannot_publish_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+    out = _run("unusable", tmp_path)
+    first = out["install"]
+    assert not first["installed"] and "could not start" in first["reason"] and "TORCHWATCH_DIR" in first["reason"]
+    assert out["unpatched"] and out["sigusr2_default"] and out["hook_gone"]
+
+
 def test_detach_leaves_what_the_training_changed_since(tmp_path: Path) -> None:
     out = _run("wrapped", tmp_path)
     left = out["detach"]["left"]

@@ -273,6 +273,11 @@ def install() -> dict[str, Any]:
         created_base = not os.path.lexists(base)
         hook = runtime.start(sig, (), base, sig_error)
         live = _LIVE = _Live(hook, created_base)
+        if hook.torch is not None and hook.counters is None:  # torch is there, but the hook could not start
+            said = "; ".join(sorted(runtime._said)) or "see the training's stderr"
+            _undo()
+            out["reason"] = wire.clean_text(f"the hook could not start: {said}", wire.TEXT)
+            return out
         hook.adopt_iterator = _adopter(live)
         try:
             out["dataloaders_found"] = _adopt_now(live, sys._getframe(1))
