@@ -244,3 +244,22 @@ def test_a_lazy_live_install_activates_when_torch_is_imported(tmp_path: Path) ->
         assert gone.ok and gone.value["detached"] and gone.value["gone"], gone.value
         assert not d.exists() and not (tmp_path / "hooks").exists()  # the base directory it created too
         assert target.poll() is None
+
+
+def test_the_injector_helper_outlives_a_ctrl_c_and_ends_with_torchwatch() -> None:
+    import signal
+
+    from torchwatch.inject.injector import _Helper
+
+    helper = _Helper()
+    assert helper.start() is None and helper.proc is not None
+    proc = helper.proc
+    try:
+        time.sleep(0.5)  # let it reach its loop
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            os.kill(proc.pid, sig)
+        time.sleep(0.3)
+        assert proc.poll() is None, "a stop signal for torchwatch's group ended the helper"
+    finally:
+        helper.close()
+    assert proc.poll() is not None  # closing its stdin ends it
