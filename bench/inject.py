@@ -4,7 +4,10 @@ Starts ``demo/cpu_bound.py`` with plain Python (no torchwatch; ``bench/_stepcloc
 records each optimizer step's end time), lets it warm up, records a baseline, then makes N
 windows in each mode (``none``: 40 ms windows without injecting, the control; ``thread``:
 the probe payload injected, the injected call starting a thread; ``main``: the payload run
-on the held main thread) and prints, per mode:
+on the held main thread; ``install``: the full live install as ``attach`` makes it, the
+imports in a thread of the training then :func:`torchwatch.hook.live.install` on the held
+main thread, the window covering both; ``detach``: :func:`torchwatch.hook.live.detach`, made
+``--gap`` s after each install) and prints, per mode:
 
 - the step time (median gap between steps in the baseline) and the baseline's longest gap;
 - the median and longest gap of the steps that overlap an injection (target: ≤ 100 ms);
@@ -14,7 +17,10 @@ on the held main thread) and prints, per mode:
 One :class:`~torchwatch.inject.injector.Injector` serves all injections, started before the
 baseline, as ``attach`` would use it.
 
-    python bench/inject.py [--injections 20] [--gap 0.5] [--json PATH]
+The first install into the process (the one ``attach`` makes; later ones find the modules
+imported) is also printed on its own.
+
+    python bench/inject.py [--injections 20] [--gap 0.5] [--modes none,thread,main,install,detach] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from torchwatch.cli.injecting import DETACH, INSTALL, PREPARE  # noqa: E402
 from torchwatch.inject.injector import Injector, Outcome, Payload  # noqa: E402
 
 WARMUP_S = 12.0  # imports, dataset and the first steps of cpu_bound on a 2-core machine
@@ -74,15 +81,46 @@ def _phase(
     return windows, outcomes
 
 
+def _live_phase(
+    injector: Injector, n: int, gap: float, pid: int
+) -> tuple[tuple[list[tuple[float, float]], list[Outcome]], tuple[list[tuple[float, float]], list[Outcome]]]:
+    """``n`` live installs (prepare + install, one window) each followed, ``gap`` s later, by a detach."""
+    installs: tuple[list[tuple[float, float]], list[Outcome]] = ([], [])
+    detaches: tuple[list[tuple[float, float]], list[Outcome]] = ([], [])
+    for _ in range(n):
+        t0 = time.monotonic()
+        outcome = injector.inject(pid, PREPARE)
+        if outcome.ok:
+            outcome = injector.inject(pid, INSTALL)
+            if outcome.ok and not (isinstance(outcome.value, dict) and outcome.value.get("installed")):
+                outcome = Outcome(False, f"not installed: {outcome.value}", outcome.method, held_s=outcome.held_s)
+        installs[0].append((t0, time.monotonic()))
+        installs[1].append(outcome)
+        time.sleep(gap)
+        t0 = time.monotonic()
+        gone = injector.inject(pid, DETACH, into_hooked=True)
+        if gone.ok and not (isinstance(gone.value, dict) and gone.value.get("detached")):
+            gone = Outcome(False, f"not detached: {gone.value}", gone.method, held_s=gone.held_s)
+        detaches[0].append((t0, time.monotonic()))
+        detaches[1].append(gone)
+        for o in (outcome, gone):
+            if not o.ok:
+                print(f"  injection failed: {o.reason}", file=sys.stderr)
+        time.sleep(gap)
+    return installs, detaches
+
+
 def main() -> int:
     """Run the benchmark and print its table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--injections", type=int, default=20, help="injections per mode (default 20)")
     ap.add_argument("--gap", type=float, default=0.5, help="seconds between injections (default 0.5)")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--modes", default="none,thread,main,install,detach", help="which modes to run (default all)")
     args = ap.parse_args()
+    wanted = [m for m in args.modes.split(",") if m]
     per_mode = args.injections * (args.gap + 0.3)
-    seconds = WARMUP_S + BASELINE_S + 3 * per_mode + 10
+    seconds = WARMUP_S + BASELINE_S + len(wanted) * per_mode + 10
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "steps.f64"
         cmd = [sys.executable, str(REPO / "bench/_stepclock.py"), str(out), str(REPO / "demo/cpu_bound.py")]
@@ -97,11 +135,15 @@ def main() -> int:
                 return 1
             base = (time.monotonic(), time.monotonic() + BASELINE_S)
             time.sleep(BASELINE_S)
-            modes = {
-                "none": _phase(None, args.injections, args.gap, train.pid, Payload()),
-                "thread": _phase(injector, args.injections, args.gap, train.pid, Payload(thread=True)),
-                "main": _phase(injector, args.injections, args.gap, train.pid, Payload(thread=False)),
-            }
+            modes = {}
+            if "none" in wanted:
+                modes["none"] = _phase(None, args.injections, args.gap, train.pid, Payload())
+            if "thread" in wanted:
+                modes["thread"] = _phase(injector, args.injections, args.gap, train.pid, Payload(thread=True))
+            if "main" in wanted:
+                modes["main"] = _phase(injector, args.injections, args.gap, train.pid, Payload(thread=False))
+            if "install" in wanted or "detach" in wanted:
+                modes["install"], modes["detach"] = _live_phase(injector, args.injections, args.gap, train.pid)
             train.send_signal(2)
             train.wait(60)
         finally:
@@ -114,6 +156,9 @@ def main() -> int:
             print(f"the training died (status {train.returncode}); its stderr ends:\n{tail}", file=sys.stderr)
             return 1
         stamps = list(array.array("d", out.read_bytes()))
+    with open("/proc/loadavg") as f:
+        figures_load = f.read().split()[:3]
+    print(f"load average at the end (1, 5, 15 min; 2 cores shared with other work): {' '.join(figures_load)}")
     base_gaps = [b - a for a, b in itertools.pairwise(stamps) if base[0] <= a and b <= base[1]]
     step = statistics.median(base_gaps)
     figures: dict[str, Any] = {
@@ -121,11 +166,20 @@ def main() -> int:
         "step_ms": step * 1e3,
         "baseline_max_gap_ms": max(base_gaps) * 1e3,
         "baseline_steps": len(base_gaps),
+        "loadavg": figures_load,
     }
     print(
         f"cpu_bound step time {step * 1e3:.1f} ms (median of {len(base_gaps)} baseline steps, "
         f"longest {max(base_gaps) * 1e3:.1f} ms)"
     )
+    if "install" in modes and modes["install"][0]:
+        first = _gaps(stamps, modes["install"][0][:1])
+        figures["first_install_max_gap_ms"] = max(first) * 1e3 if first else None
+        print(
+            f"first install (what attach does): steps overlapping it {len(first)}, longest gap "
+            f"{max(first) * 1e3 if first else float('nan'):.1f} ms, main thread held "
+            f"{(modes['install'][1][0].held_s or float('nan')) * 1e3:.1f} ms"
+        )
     for mode, (windows, outcomes) in modes.items():
         gaps = _gaps(stamps, windows)
         ok = [o for o in outcomes if o.ok]

@@ -154,12 +154,19 @@ def test_hook_evidence_from_the_environment_and_from_the_published_directory(tmp
     assert checks.hook_evidence(target(environ={"TORCHWATCH_HOOK": "1"})) is not None
     t = target(environ={"TORCHWATCH_DIR": str(tmp_path)})
     assert checks.hook_evidence(t) is None
-    (tmp_path / "4242").mkdir()
-    (tmp_path / "4242/hook.json").symlink_to("/etc/passwd")
+    # the hook's own directory name: <pid>-<start>-<pidns> (wire.Instance.dir_name)
+    (tmp_path / "4242-123-1").mkdir()
+    (tmp_path / "4242-123-1/hook.json").symlink_to("/etc/passwd")
     assert checks.hook_evidence(t) is None  # a link is not a hook: nothing is followed
-    (tmp_path / "4242/hook.json").unlink()
-    (tmp_path / "4242/hook.json").write_text("{}")
+    (tmp_path / "4242-123-1/hook.json").unlink()
+    (tmp_path / "4242-123-1/hook.json").write_text("{}")
     assert checks.hook_evidence(t) is not None
+    # another instance of the same PID (another start time) is not this process's hook
+    assert checks.hook_evidence(dataclasses.replace(t, start_ticks=124)) is None
+    # a directory named by the PID alone is nobody's hook
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242/hook.json").write_text("{}")
+    assert checks.hook_evidence(dataclasses.replace(t, start_ticks=124)) is None
 
 
 def test_another_mount_namespace_is_refused_and_another_pid_namespace_only_warned() -> None:

@@ -215,3 +215,11 @@ def test_burst_lines_give_the_idle_split_and_pageable_copies() -> None:
 )
 def test_format_value_by_unit(name: str, value: float | None, text: str) -> None:
     assert fmt_value(value, CATALOGUE[name].unit) == text
+
+
+def test_the_injection_attach_made_is_reported(busy: dict[str, Any]) -> None:
+    assert busy["injection"] is None  # run, or attach --no-inject
+    done = {"injected": True, "hooked": True, "method": "ptrace", "pause_ms": 14.2, "reason": "hook injected"}
+    data = report.build(observation(analysed(features(storage_wait_share=0.5))), injection=done)
+    assert data["injection"] == done
+    jsonschema.validate(data, SCHEMA)

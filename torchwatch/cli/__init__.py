@@ -1,4 +1,4 @@
-"""Command line: ``torchwatch run [OPTIONS] -- CMD...``, ``attach``, ``burst`` and ``rules``.
+"""Command line: ``torchwatch run [OPTIONS] -- CMD...``, ``attach``, ``detach``, ``burst``, ``rules`` and ``doctor``.
 
 Errors are one line on stderr with a hint and a non-zero exit, never a traceback; the exit
 statuses are in :data:`EXIT_STATUS` (printed by ``--help``, listed in the README).
@@ -224,6 +224,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(attach)
     attach.add_argument("pid", metavar="PID", help="PID of the training process")
+    attach.add_argument(
+        "--no-inject",
+        action="store_true",
+        help="do not inject the hook into the training (outside readings only: no step times, data wait, "
+        "DataLoader settings or bursts)",
+    )
+    attach.add_argument(
+        "--keep-hook",
+        action="store_true",
+        help="leave the injected hook in the training when attach ends (take it out later with torchwatch detach)",
+    )
+    detach = sub.add_parser(
+        "detach",
+        help="take the hook that attach injected out of a training",
+        description="Take the hook torchwatch attach injected out of PID: its burst signal handler is put back, "
+        "torch is unpatched and the hook's files are removed. attach does this itself when it ends.",
+        epilog=epilog(),
+        formatter_class=fmt,
+    )
+    detach.add_argument("pid", metavar="PID", help="PID of the training process")
+    _logging_options(detach, top=False)
     burst = sub.add_parser(
         "burst",
         help="ask a hooked training for a torch.profiler burst and print its summary",
@@ -374,6 +395,10 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
             from torchwatch.cli.doctor import doctor_command
 
             code = doctor_command(args.pid, args.json)
+        elif args.command == "detach":
+            from torchwatch.cli.injecting import detach_command
+
+            code = detach_command(args.pid)
         elif args.command == "burst":
             from torchwatch.cli.burst import burst_command
 

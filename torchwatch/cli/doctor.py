@@ -32,7 +32,7 @@ from typing import Any
 from torchwatch.inject import checks, facts
 from torchwatch.inject.checks import Finding
 from torchwatch.inject.facts import Host, PythonVersion
-from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.errors import TorchwatchError
 
 SCHEMA = "torchwatch.doctor/1"
 NEEDED = frozenset({"proc", "process"})
@@ -370,14 +370,9 @@ def doctor_command(pid: str | None, as_json: bool = False, machine: Machine | No
     Raises:
         UsageError: PID is not a positive number.
     """
-    number: int | None = None
-    if pid is not None:
-        try:
-            number = int(pid)
-        except ValueError:
-            raise UsageError(f"PID must be a number, not {pid!r}", "find it with: pgrep -af python") from None
-        if number <= 0:
-            raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -af python")
+    from torchwatch.watch.target import parse_pid
+
+    number = None if pid is None else parse_pid(pid)
     results = run_checks(number, machine or Machine())
     ok = not any(f.level == "fail" and needed for f, needed in results)
     if as_json:

@@ -12,6 +12,7 @@ How a watch ends decides torchwatch's exit status (the README's "Exit status" ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import signal
@@ -22,13 +23,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import psutil
 
 from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.cli.injecting import Injected, detach_hook, inject_hook
 from torchwatch.faces import report
 from torchwatch.faces.headless import status_line
+from torchwatch.inject.injector import Injector
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.watch.lifecycle import (
     Launched,
@@ -60,6 +63,8 @@ class WatchOptions:
     hook: bool = True
     burst_at: tuple[int, ...] = ()
     fail_on: tuple[str, ...] = ()
+    inject: bool = True
+    keep_hook: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -74,6 +79,8 @@ class WatchOptions:
             hook=not getattr(args, "no_hook", False),
             burst_at=tuple(getattr(args, "burst_at", None) or ()),
             fail_on=tuple(args.fail_on or ()),
+            inject=not getattr(args, "no_inject", False),
+            keep_hook=bool(getattr(args, "keep_hook", False)),
         )
 
     def session_options(self, launched: bool = False) -> SessionOptions:
@@ -178,21 +185,58 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
 def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     """``torchwatch attach``: watch a running process until it exits, ``--duration``, ``q`` or a signal.
 
+    Unless ``--no-inject``, the hook is injected into the training first and taken out again at
+    the end unless ``--keep-hook`` (:mod:`torchwatch.cli.injecting`); a refused or failed
+    injection leaves one line on stderr and the watch goes on from outside.
+
     Raises:
         TorchwatchError: see :func:`torchwatch.watch.target.check_attachable`.
     """
     rules = load_rules(opts.rules_dirs)
     report.check_json_path(opts.json_path)
     check_trace_path(opts.trace)
-    check_attachable(pid)
+    tree = check_attachable(pid)
     opts = _headless_without_terminal(opts)
-    try:
-        session = Session(pid, rules, opts.session_options())
-    except psutil.NoSuchProcess:
-        raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
-    session.start()
-    ending = _drive(session, None, opts, None, stops)
+    with contextlib.ExitStack() as stack:
+        injected: Injected | None = None
+        injector: Injector | None = None
+        started: float | None = None
+        if opts.inject:
+            injector = stack.enter_context(Injector())
+            injector.warm_up()
+            mains = tree.mains()
+            into = pid if pid in mains or not mains else mains[0]
+            with contextlib.suppress(psutil.Error):
+                started = psutil.Process(into).create_time()
+            injected = inject_hook(injector, into)
+        try:
+            # a hook just injected has not published yet: "starting", not "unavailable", until it does
+            hooked = bool(injected and injected.hooked)
+            session = Session(pid, rules, replace(opts.session_options(), hook_expected=hooked))
+        except psutil.NoSuchProcess:
+            raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
+        try:
+            session.start()
+            ending = _drive(session, None, opts, None, stops, injected.report() if injected else None)
+        finally:
+            if injector is not None and injected is not None and injected.ours and not opts.keep_hook:
+                _take_out(injector, injected.pid, started)
     return _exit_status(ending, session, opts)
+
+
+def _take_out(injector: Injector, pid: int, started: float | None) -> None:
+    """Detach the hook attach injected (one line on stderr), unless the training is gone: its PID
+    exited, or now names another process (another start time)."""
+    try:
+        if psutil.Process(pid).create_time() != started:
+            return
+    except psutil.Error:
+        return
+    done, line, hint = detach_hook(injector, pid)
+    text = f"torchwatch: {line}" + (f" (hint: {hint})" if hint else "")
+    if not done:
+        text += f"; to try again: torchwatch detach {pid}"
+    print(text, file=sys.stderr)
 
 
 def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
@@ -223,9 +267,17 @@ def _failed_on(session: Session, opts: WatchOptions) -> bool:
 
 
 def _drive(
-    session: Session, child: Launched | None, opts: WatchOptions, log_path: Path | None, stops: StopSignals
+    session: Session,
+    child: Launched | None,
+    opts: WatchOptions,
+    log_path: Path | None,
+    stops: StopSignals,
+    injection: dict[str, Any] | None = None,
 ) -> Ending:
-    """Watch until the end, stop what must be stopped, write the reports; how it ended."""
+    """Watch until the end, stop what must be stopped, write the reports; how it ended.
+
+    ``injection``: what attach did to get inside (the report's ``injection`` key).
+    """
     start = time.monotonic()
     ending = Ending("error")
     try:
@@ -245,7 +297,7 @@ def _drive(
         if child is not None and ending.by != "left running":
             child.close()
         session.stop()
-    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path)
+    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path, injection)
     return ending
 
 
@@ -364,12 +416,13 @@ def _write_reports(
     opts: WatchOptions,
     watched_s: float,
     log_path: Path | None = None,
+    injection: dict[str, Any] | None = None,
 ) -> None:
     """The JSON report first (a file survives a closed terminal), then the end of the training's
     output (TUI) and the text report."""
     obs = session.final_observation()
     pid = obs.target.pid
-    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s)
+    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s, injection=injection)
     text = report.render_text(data)
     if opts.json_path == "-":
         _emit(text, sys.stderr, fatal=False)

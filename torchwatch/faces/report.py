@@ -46,6 +46,7 @@ def build(
     ended_by: str | None = None,
     exit_code: int | None = None,
     watched_s: float | None = None,
+    injection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
@@ -55,14 +56,17 @@ def build(
         exit_code: the training's exit status when the caller knows it better than ``obs``
             (``None``: the Observation's).
         watched_s: seconds watched (``None``: the Observation's ``elapsed_s``).
+        injection: what ``attach`` did to get the hook inside (``injected``, ``method``,
+            ``pause_ms``, ``reason``); ``None`` when it did not try (``run``, ``--no-inject``).
 
     Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
     ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
     reason?, hint?}}, ``features`` {name: number | null}. Added: ``not_applicable``,
     ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
     CPU and memory, :class:`~torchwatch.model.observation.SelfUsage`), ``hook`` (what the
-    in-process hook of the focus rank measured, :func:`hook_json`; ``null`` without a hook), and
-    ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known).
+    in-process hook of the focus rank measured, :func:`hook_json`; ``null`` without a hook),
+    ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known), and
+    ``injection`` (``injection`` above; ``null`` when not tried).
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
     code = exit_code if exit_code is not None else obs.target.exit_code
@@ -81,6 +85,7 @@ def build(
         "verdict_history": [{"t": h.t, "label": h.label} for h in obs.history],
         "self": asdict(obs.own_usage),
         "hook": _clean(hook_json(obs)),
+        "injection": None if injection is None else _clean(injection),
     }
 
 

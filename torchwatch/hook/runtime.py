@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -279,6 +280,9 @@ class Hook:
         self._bw_blocked_since_step = 0.0
         self._comm_since_step = 0.0
         self._identity_refreshed = False
+        # Set by an install into a running training (hook/live.py): finds the record of an
+        # iterator made before the install (its first batch only).
+        self.adopt_iterator: Callable[[Any], _LoaderRecord] | None = None
 
     # -- activation -----------------------------------------------------------------------
     def on_torch(self, torch: Any) -> None:
@@ -711,6 +715,8 @@ class Hook:
             if self.counters is not None:
                 self.counters.next_ended(t1, waited)
             rec = getattr(it, "_torchwatch_loader", None)
+            if self.adopt_iterator is not None and (rec is None or self.loaders.get(rec.key) is not rec):
+                rec = self.adopt_iterator(it)
             if rec is not None:
                 rec.batches += 1
                 rec.wait_s += waited

@@ -307,4 +307,11 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # A Ctrl-C, hang-up or stop signal meant for torchwatch (its whole process group gets the
+    # terminal's) must not end the helper half-way through an injection, with the target's
+    # registers changed: it ends when torchwatch closes its stdin, or exits.
+    for _sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(_sig, signal.SIG_IGN)
     sys.exit(serve())

@@ -360,17 +360,22 @@ def hook_evidence(target: Target) -> str | None:
 
     The single place that knows how a hook announces itself (today: ``TORCHWATCH_HOOK=1`` in the
     environment, set by ``torchwatch run``, or a ``hook.json`` in its published directory,
-    checked with ``lstat``: nothing is opened or followed).
+    ``<pid>-<start>-<pidns>`` named as :attr:`torchwatch.hook.wire.Instance.dir_name`, checked
+    with ``lstat``: nothing is opened or followed).
     """
-    from torchwatch.hook import publish
+    from torchwatch.hook import publish, wire
 
     env = dict(target.environ or {})
     if env.get("TORCHWATCH_HOOK") == "1":
         return "TORCHWATCH_HOOK=1 in its environment (started by torchwatch run)"
-    if target.uids is None:
+    if target.uids is None or target.start_ticks is None:
         return None
     inner = target.ns_pids[-1] if target.ns_pids else target.pid
-    path = publish.base_dir(env, target.uids[0]) / str(inner) / publish.STATE_FILE
+    ns = target.namespaces.get("pid", "")
+    if not (ns.startswith("pid:[") and ns.endswith("]") and ns[5:-1].isdigit()):
+        return None
+    name = wire.Instance(inner, target.start_ticks, int(ns[5:-1])).dir_name
+    path = publish.base_dir(env, target.uids[0]) / name / publish.STATE_FILE
     try:
         st = os.lstat(path)
     except OSError:

@@ -314,7 +314,13 @@ class Injector:
         self._helper.close()
 
     def inject(
-        self, pid: int, what: Payload | None = None, *, timeout_s: float = 10.0, window_s: float = SAFE_POINT_WINDOW_S
+        self,
+        pid: int,
+        what: Payload | None = None,
+        *,
+        timeout_s: float = 10.0,
+        window_s: float = SAFE_POINT_WINDOW_S,
+        into_hooked: bool = False,
     ) -> Outcome:
         """Run ``what`` inside process ``pid`` and return what it reported. Never raises for the
         target's sake: every failure is an :class:`Outcome` with ``ok=False`` and a reason.
@@ -324,20 +330,23 @@ class Injector:
             what: the entry point; default the probe (:mod:`torchwatch.inject.probe`).
             timeout_s: give up after this many seconds (then the payload, if it runs late, does nothing).
             window_s: how long the ptrace path looks for a safe moment to stop the main thread.
+            into_hooked: inject even though the process has a torchwatch hook (to take out the
+                hook ``attach`` injected); otherwise that is a refusal.
 
         Returns:
             An :class:`Outcome`.
         """
-        return self._inject(pid, what or Payload(), timeout_s, window_s)
+        return self._inject(pid, what or Payload(), timeout_s, window_s, into_hooked)
 
-    def _inject(self, pid: int, what: Payload, timeout_s: float, window_s: float) -> Outcome:
+    def _inject(self, pid: int, what: Payload, timeout_s: float, window_s: float, into_hooked: bool) -> Outcome:
         started = time.monotonic()
         try:
             target = facts.read_target(pid, self.proc)
         except facts.NoSuchTarget:
             return Outcome(False, f"no process with PID {pid} (check it with: pgrep -af python)")
         host = self.host or facts.read_host(self.proc)
-        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing())
+        hooked = (lambda _target: None) if into_hooked else checks.hook_evidence
+        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing(), hooked=hooked)
         if plan.method is None:
             return Outcome(False, f"cannot inject into PID {pid}: {plan.reason()}", plan=plan)
         token = secrets.token_hex(16)

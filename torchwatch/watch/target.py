@@ -23,6 +23,21 @@ def _describe(proc: psutil.Process) -> str:
         return f"PID {proc.pid}"
 
 
+def parse_pid(text: str) -> int:
+    """A PID given on the command line (``attach``, ``detach``, ``doctor``).
+
+    Raises:
+        UsageError: not a positive number (one line, with where to find the PID).
+    """
+    try:
+        pid = int(text)
+    except ValueError:
+        raise UsageError(f"PID must be a number, not {text!r}", "find it with: pgrep -af python") from None
+    if pid <= 0:
+        raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -af python")
+    return pid
+
+
 def check_attachable(pid: int) -> ProcessTree:
     """Check that ``pid`` can be watched and return its tree.
 
