@@ -301,9 +301,15 @@ def install() -> dict[str, Any]:
     return out
 
 
-def _ours(value: Any) -> bool:
-    """Whether a class attribute is one of the hook's wrappers (defined in :mod:`runtime`)."""
-    return getattr(value, "__module__", None) == runtime.__name__
+def _ours(value: Any, original: Any) -> bool:
+    """Whether ``value`` (what ``owner.name`` holds now) is the hook's wrapper of ``original``:
+    defined in the hook's package, or made with :func:`functools.wraps` around ``original``
+    itself (the rank and collective wrappers of :mod:`ranks` and :mod:`runtime`; ``wraps``
+    copies the original's ``__module__``). A wrapper someone put around ours wraps ours, not
+    ``original``, so it is never taken for ours."""
+    if getattr(value, "__wrapped__", None) is original:
+        return True
+    return str(getattr(value, "__module__", None)).startswith(f"{__package__}.")
 
 
 def _undo() -> list[str]:
@@ -332,7 +338,7 @@ def _undo() -> list[str]:
         current = owner.__dict__.get(name)
         if current is original:
             continue  # put back already (the AMP wrappers do it themselves)
-        if _ours(current):
+        if _ours(current, original):
             setattr(owner, name, original)
         else:
             left.append(f"{owner.__name__}.{name} was wrapped again by someone else; left as is")
