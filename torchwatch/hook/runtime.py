@@ -6,7 +6,9 @@ What runs on the training's hot path, and its cost (measured by ``bench/hook_cos
   one clock read and an in-place counter update, a few microseconds;
 - a wrapper around ``_BaseDataLoaderIter.__next__``: two clock reads and two counter updates
   per batch;
-- a wrapper around ``DataLoader._get_iterator``: reads the loader's settings once per iterator.
+- a wrapper around ``DataLoader._get_iterator``: reads the loader's settings once per iterator;
+- at most every 0.5 s, at an optimizer step: the GPU settings and, once the training has
+  initialised CUDA, its device memory (:mod:`torchwatch.hook.gpu`).
 
 Everything else (``hook.json`` rewrites, burst summaries) happens on rare events or in a
 background thread. Every entry point catches its own errors and records them in the state:
@@ -32,6 +34,7 @@ from typing import Any
 
 from torchwatch.hook import publish, wire
 from torchwatch.hook.burst import Burster, BurstParams
+from torchwatch.hook.gpu import GpuWatch
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
@@ -196,6 +199,7 @@ class Hook:
         self.errors: list[str] = []
         self.loaders: dict[int, _LoaderRecord] = {}
         self.amp = wire.AmpInfo()
+        self.gpu = GpuWatch()
         self.signal_owned = False
         self.usable_cpus: float | None = None
         self.shm_bytes: int | None = None
@@ -425,6 +429,10 @@ class Hook:
             if now - self._last_check > 1.0:
                 self._last_check = now
                 self._check_signal()
+            if self.gpu.due(now) and self.gpu.sample(self.torch, optimizer, now):
+                if self.gpu.error:
+                    self.error(self.gpu.error)
+                self.publish()
         except Exception as exc:
             self.error(f"step hook: {exc!r}")
 
@@ -560,6 +568,9 @@ class Hook:
             dataloaders=tuple(r.info() for r in loaders),
             burst=burster.public_state() if burster is not None else None,
             errors=tuple(self.errors),
+            device_memory=self.gpu.memory,
+            devices=self.gpu.devices,
+            gpu_settings=self.gpu.settings,
         )
 
     def state(self) -> dict[str, Any]:

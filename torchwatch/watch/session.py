@@ -265,7 +265,9 @@ class Session:
         now = time.monotonic() if now is None else now
         end = self.ended_at if self.ended_at is not None else now
         window = self.store.window(end - self.options.window_s, end)
-        analysis = self.diagnoser.evaluate(feats.compute(window, self.main_pid), now)
+        analysis = self.diagnoser.evaluate(
+            feats.compute(window, self.main_pid), now, feats.texts(window, self.main_pid)
+        )
         with self._lock:
             self.latest = analysis
             if self.ended_at is None:
