@@ -1,12 +1,16 @@
 """What the in-process hook costs the training: per-call cost, steps/s with vs without, burst cost.
 
-Three tables, printed; ``--json PATH`` writes them too. Rerun:
+Four tables, printed; ``--json PATH`` writes them too. Rerun:
 
     python bench/hook_cost.py [--pairs 5] [--seconds 15] [--demos cpu_bound,dataloader_bound] [--bursts 5]
+    python bench/hook_cost.py --demos '' --bursts 0      (the per-call table alone: a few seconds)
     python bench/hook_cost.py --device-memory-only
 
-1. Per call: the optimizer step hook and the DataLoader ``__next__`` wrapper, in microseconds
-   (median of 5 rounds of 20 000 calls, in this process).
+1. Per call: the optimizer step hook, the DataLoader ``__next__`` wrapper, the
+   ``torch.autograd.backward`` wrapper (with optimizer steps, and as the step boundary of a loop
+   without ``torch.optim``) and a collective wrapper (``all_reduce`` of one number in a one-rank
+   gloo group), in microseconds (median of 5 rounds of 20 000 calls, in this process; each
+   wrapper as the difference to the same calls with the hook switched off).
 2. Steps/s of each demo alone vs with the hook pre-loaded (``torchwatch run`` without the outside
    samplers), as the median ratio of interleaved pairs (A B A B ...): this machine is shared.
 3. Bursts on ``demo/dataloader_bound.py``: extra wall time per burst (the burst's steps minus as
@@ -71,8 +75,65 @@ def per_call_us(rounds: int = 5, calls: int = 20_000) -> dict[str, float]:
                 wrapped(it)
             t2 = time.perf_counter()
             next_us.append(((t2 - t1) - (t1 - t0)) / calls * 1e6)
+        backward = _backward_us(hook, rounds, calls)
+        collective = _collective_us(Path(tmp), rounds, calls)
         hook.close()
-    return {"step_hook_us": statistics.median(step_us), "next_wrapper_us": statistics.median(next_us)}
+    return {
+        "step_hook_us": statistics.median(step_us),
+        "next_wrapper_us": statistics.median(next_us),
+        **backward,
+        "collective_wrapper_us": collective,
+    }
+
+
+def _extra_us(call: Any, rounds: int, calls: int) -> float:
+    """Median over ``rounds`` of the extra time per ``call()`` with the hook on, us: the same
+    call timed with the hook switched off (its wrappers then only pass the call on) and on."""
+    from torchwatch.hook import runtime
+
+    extra = []
+    try:
+        for _ in range(rounds):
+            runtime._active = False
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            t1 = time.perf_counter()
+            runtime._active = True
+            for _ in range(calls):
+                call()
+            t2 = time.perf_counter()
+            extra.append(((t2 - t1) - (t1 - t0)) / calls * 1e6)
+    finally:
+        runtime._active = True
+    return statistics.median(extra)
+
+
+def _backward_us(hook: Any, rounds: int, calls: int) -> dict[str, float]:
+    """The backward wrapper's cost per call, us: with optimizer steps (the wrapper only times
+    the pass) and as the step boundary of a loop without ``torch.optim``."""
+    import torch
+
+    x = torch.ones(4, requires_grad=True)
+    out = {}
+    for source in ("optimizer", "backward"):
+        hook.step_source = source
+        out[f"backward_wrapper_{source}_us"] = _extra_us(lambda: (x * 2).sum().backward(), rounds, calls)
+    return out
+
+
+def _collective_us(tmp: Path, rounds: int, calls: int) -> float:
+    """The collective wrapper's cost per call, us (``all_reduce`` of one number, one rank: the
+    wrapper times the call, and the ``Work.wait()`` inside it is left alone)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp / "store"), 1), rank=0, world_size=1)
+    try:
+        t = torch.zeros(1)
+        return _extra_us(lambda: dist.all_reduce(t), rounds, calls)
+    finally:
+        dist.destroy_process_group()
 
 
 def _nested_memory_stats() -> dict[str, Any]:
@@ -266,15 +327,20 @@ def main() -> int:
     result["per_call"] = calls
     print(
         f"per call: optimizer step hook {calls['step_hook_us']:.1f} us, "
-        f"__next__ wrapper +{calls['next_wrapper_us']:.1f} us"
+        f"__next__ wrapper +{calls['next_wrapper_us']:.1f} us, "
+        f"backward wrapper +{calls['backward_wrapper_optimizer_us']:.1f} us "
+        f"(as the step boundary +{calls['backward_wrapper_backward_us']:.1f} us), "
+        f"collective wrapper +{calls['collective_wrapper_us']:.1f} us"
     )
 
-    print(
-        f"\n{'demo':17s} {'alone':>8s} {'hooked':>8s} {'ratio':>6s}  "
-        f"(medians of {args.pairs} interleaved pairs, {args.seconds:g} s each)"
-    )
+    demos = [d for d in args.demos.split(",") if d]
+    if demos:
+        print(
+            f"\n{'demo':17s} {'alone':>8s} {'hooked':>8s} {'ratio':>6s}  "
+            f"(medians of {args.pairs} interleaved pairs, {args.seconds:g} s each)"
+        )
     result["demos"] = []
-    for demo in args.demos.split(","):
+    for demo in demos:
         alone, hooked, ratios = [], [], []
         for _ in range(args.pairs):
             a = run_demo(demo, args.seconds, False)

@@ -50,7 +50,11 @@ def _hooked_pid(root: int, min_steps: int, timeout: float = 60.0) -> int:
 
 
 def test_burst_on_the_dataloader_demo_agrees_with_the_always_on_measurements(tmp_path: Path) -> None:
-    proc, out = _start(tmp_path, sys.executable, str(DEMO / "dataloader_bound.py"), "--device", "cpu", duration=35.0)
+    # 45 s of training: on a loaded 2-core machine torch's import, the first 5 steps and the
+    # burst's 3 steps took longer than the demo's default 30 s, and it ended before the burst did
+    proc, out = _start(
+        tmp_path, sys.executable, str(DEMO / "dataloader_bound.py"), "--device", "cpu", "--seconds", "45", duration=60.0
+    )
     try:
         pid = _hooked_pid(proc.pid, min_steps=5)
         burst_json = tmp_path / "burst.json"

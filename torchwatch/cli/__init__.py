@@ -35,6 +35,8 @@ ENVIRONMENT = {
     "TORCHWATCH_HOOK": "'1' makes the hook's sitecustomize install the hook (set by run)",
     "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package, for an interpreter "
     "without it installed (set by run)",
+    "TORCHWATCH_SPAWNED_RANK": "set by the hook around torch.multiprocessing.spawn: the processes it "
+    "starts are ranks and get the hook (their DataLoader workers do not); not for users",
 }
 
 EXIT_STATUS = (

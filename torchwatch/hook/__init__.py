@@ -25,21 +25,27 @@ __all__ = ["install", "should_install"]
 _PRELOAD_VARS = ("TORCHWATCH_HOOK", "TORCHWATCH_HOOK_PATH", "TORCHWATCH_BURST_AT")
 
 
-def should_install(argv: Sequence[str] | None = None) -> tuple[bool, str]:
+def should_install(argv: Sequence[str] | None = None, spawn_mark: str | None = None) -> tuple[bool, str]:
     """Whether this process is a training process the hook belongs in.
 
     Not in multiprocessing children (spawned DataLoader workers, the forkserver, the resource
     tracker) nor in launchers (torchrun, accelerate, deepspeed), whose ranks get it instead.
-    Forked DataLoader workers are handled at fork time (``os.register_at_fork``).
+    Forked DataLoader workers are handled at fork time (``os.register_at_fork``). A spawned child
+    is a rank, and gets the hook, when its parent's hook marked it (``torch.multiprocessing.spawn``,
+    see :mod:`torchwatch.hook.ranks`).
 
     Args:
         argv: the interpreter's full command line; default ``sys.orig_argv``.
+        spawn_mark: the mark the parent's hook set for the ranks it starts
+            (:func:`torchwatch.hook.ranks.take_spawn_mark`); ``None``: not marked.
 
     Returns:
         ``(yes, reason when not)``.
     """
     args = list(getattr(sys, "orig_argv", sys.argv) if argv is None else argv)
     if "--multiprocessing-fork" in args:
+        if spawn_mark is not None:
+            return True, ""  # a rank started by torch.multiprocessing.spawn
         return False, "multiprocessing child"
     for i, a in enumerate(args[:-1]):
         if a == "-c" and "multiprocessing" in args[i + 1]:
@@ -110,6 +116,9 @@ def install(
 ) -> bool:
     """Install the hook in this process (idempotent). Never raises.
 
+    In a process started by a hooked process's ``torch.multiprocessing.spawn`` (a rank), the
+    mark its parent set is taken out of the environment here, whatever happens next.
+
     Args:
         signum: the signal that asks for a profiler burst; default ``$TORCHWATCH_SIGNAL`` or SIGUSR2.
             Only SIGUSR1, SIGUSR2 and real-time signals are taken (any other turns bursts off,
@@ -124,11 +133,12 @@ def install(
         does not belong in (DataLoader worker, launcher) or when it could not start.
     """
     try:
-        from torchwatch.hook import publish, runtime, wire
+        from torchwatch.hook import publish, ranks, runtime, wire
 
+        mark = ranks.take_spawn_mark()  # first: never passed on to this process's own children
         if runtime.current() is not None:
             return True
-        ok, _why = should_install()
+        ok, _why = should_install(spawn_mark=mark)
         if not ok:
             return False
         steps = _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at)
@@ -138,7 +148,7 @@ def install(
             sig, why = _env_signal()
         else:
             sig, why = (int(signum), "") if wire.signal_allowed(signum) else (0, f"signal {signum!r} is not allowed")
-        runtime.start(sig, steps, base, why)
+        runtime.start(sig, steps, base, why, spawned_by=mark)
         return True
     except Exception as exc:  # the training comes first
         sys.stderr.write(f"torchwatch hook: not installed: {exc!r}\n")

@@ -17,9 +17,21 @@ that HolisticTraceAnalysis, which keeps one trace per rank of a folder, and Tens
 profiler plugin, which reads ``*.pt.trace.json.gz``, each find exactly one burst)::
 
     <trace_dir>/<host>_<pid>_<YYYYmmdd-HHMMSS>/          the run (this training process)
-        burst-1/<host>_<pid>.1.pt.trace.json.gz          burst 1 (one trace per rank, later)
+        burst-1/<host>_<pid>[.rank<r>].1.pt.trace.json.gz  burst 1
         burst-1.summary.json                              its summary, beside the folder
         burst-2/...
+    <trace_dir>/<group>/                                 a burst asked of every rank with one group name
+        <host>_<pid>.rank<r>.<n>.pt.trace.json.gz        one trace per rank: one multi-rank trace for HTA
+    <trace_dir>/<group>.<host>_<pid>.rank<r>.<n>.summary.json   each rank's summary, beside the folder
+
+The rank (when known) is in the file name and in the trace's ``distributedInfo``: kineto writes
+that key itself once ``torch.distributed`` is initialised (rank, world size, backend, process
+groups); for a rank without it (identity from the environment only) the hook adds
+``{"rank": r}``, which is what HolisticTraceAnalysis reads to tell the ranks of a folder apart.
+
+A burst may start at a named step (``start_step``), so that every rank profiles the same steps:
+the profiler's ``ProfilerStep#N`` annotations then carry the hook's own step count (the same on
+every rank of a synchronous job), which is how HTA lines the ranks' iterations up.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from typing import Any
 from torchwatch.hook import publish, wire
 
 BurstParams = wire.BurstRequest  # the bounds of one burst, as torchwatch's request.json gives them
+ARM_MAX_S = 300.0  # a burst waiting for its start_step gives up after this long
 
 
 def rss_bytes() -> int:
@@ -74,11 +87,34 @@ def run_name(instance: wire.Instance, started_wall: float) -> str:
     """The folder of this training's traces: ``<host>_<pid>_<YYYYmmdd-HHMMSS>`` (local time the
     hook started).
 
-    ``<host>_<pid>`` is the worker name TensorBoard's ``tensorboard_trace_handler`` uses. When
-    ranks exist (torchrun), the run becomes the launcher's and each burst folder gets one trace
-    per rank, the rank in the file name and in the trace's ``distributedInfo``.
+    ``<host>_<pid>`` is the worker name TensorBoard's ``tensorboard_trace_handler`` uses. A
+    burst asked of every rank with a group name goes to the group's folder instead (see the
+    module docstring), one trace per rank.
     """
     return f"{_host()}_{instance.pid}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(started_wall))}"
+
+
+def _skip_to_object(src: Any) -> None:
+    """Read ``src`` (a JSON file) up to and including its first ``{``, so that what follows can
+    be written after an opening of our own.
+
+    Raises:
+        ValueError: the file does not start with a JSON object.
+    """
+    while True:
+        ch = src.read(1)
+        if ch == b"{":
+            return
+        if ch not in (b" ", b"\t", b"\r", b"\n"):
+            raise ValueError("not a Chrome trace: it does not start with a JSON object")
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _host() -> str:
@@ -95,6 +131,7 @@ class Burster:
             used for time-window deadlines and the arm timeout. Returns False when it cannot.
         changed: called after every state change (the hook republishes ``hook.json``).
         step_durations: the hook's measured durations of the last steps, s, newest last.
+        rank: this process's global rank, when known (``None`` otherwise).
     """
 
     COOLDOWN_S = 5.0  # default; $TORCHWATCH_BURST_COOLDOWN_S overrides (tests run bursts back to back)
@@ -106,8 +143,10 @@ class Burster:
         interrupt: Callable[[], bool],
         changed: Callable[[], None],
         step_durations: Callable[[int], list[float]],
+        rank: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.torch = torch
+        self._rank = rank
         self.instance = instance
         self.pid = instance.pid
         self.run = run_name(instance, time.time())
@@ -127,6 +166,8 @@ class Burster:
         self._window_rec: Any = None
         self._armed_at = 0.0
         self._started_at = 0.0
+        self._first_step: int | None = None
+        self._prev_step_at = 0.0  # the last step boundary seen while armed, monotonic s
         self._active_steps = 0
         self._recorded = 0
         self._rss_before = 0
@@ -168,6 +209,7 @@ class Burster:
         if self.first_rss is None:
             self.first_rss = self._rss_before
         self._armed_at = now
+        self._prev_step_at = 0.0
         self.count += 1
         if stepping:
             self.state, self.mode = "armed", "steps"
@@ -177,11 +219,27 @@ class Burster:
             self._start_window(now)
         return True
 
-    def on_step(self, now: float) -> None:
-        """Step boundary (the optimizer step hook): start, advance or finish a step-mode burst."""
+    def on_step(self, now: float, step: int | None = None) -> None:
+        """Step boundary: start, advance or finish a step-mode burst.
+
+        Args:
+            now: monotonic s.
+            step: the number (0-based) of the step that begins now, as the hook counts them;
+                ``None`` when not counted (then ``start_step`` is not waited for).
+        """
         if self.state == "armed" and self.mode == "steps":
+            start = self.params.start_step
+            if start is not None and step is not None and step < start:
+                if now - self._armed_at > ARM_MAX_S:
+                    self._abort(now, f"step {start} not reached in {ARM_MAX_S:g} s (at step {step})")
+                else:
+                    # still stepping: wait on, as long as three of these steps if they are slow
+                    last = now - self._prev_step_at if self._prev_step_at else 0.0
+                    self._schedule(max(self.params.arm_timeout_s, 3 * last))
+                self._prev_step_at = now
+                return
             self._cancel_timer()
-            self._start_steps(now)
+            self._start_steps(now, step)
         elif self.state == "running" and self.mode == "steps":
             self._active_steps += 1
             self._prof.step()
@@ -231,13 +289,19 @@ class Burster:
             profile_memory=False,
         )
 
-    def _start_profiler(self, now: float, schedule: Any) -> bool:
-        """Start ``torch.profiler`` now; on a clash or failure end the burst with the reason."""
+    def _start_profiler(self, now: float, schedule: Any, renumber: Callable[[Any], None] | None = None) -> bool:
+        """Start ``torch.profiler`` now; on a clash or failure end the burst with the reason.
+
+        Args:
+            renumber: called with the profiler after it is made and before it starts.
+        """
         if self._other_profiler():
             self._abort(now, "another profiler became active before the burst started")
             return False
         try:
             self._prof = self._new_profiler(schedule)
+            if renumber is not None:
+                renumber(self._prof)
             self._prof.start()
         except Exception as exc:
             self._prof = None
@@ -245,11 +309,25 @@ class Burster:
             return False
         return True
 
-    def _start_steps(self, now: float) -> None:
+    def _start_steps(self, now: float, step: int | None) -> None:
         p = self.params
-        sched = self.torch.profiler.schedule(wait=0, warmup=p.warmup, active=p.steps, repeat=1)
-        if not self._start_profiler(now, sched):
+        inner = self.torch.profiler.schedule(wait=0, warmup=p.warmup, active=p.steps, repeat=1)
+        base = [0]
+
+        def sched(n: int) -> Any:
+            return inner(max(0, n - base[0]))
+
+        def renumber(prof: Any) -> None:
+            # Number the profiler's steps as the hook counts them (ProfilerStep#<step>): traces of
+            # several ranks then line up step for step. The schedule is offset alike, so what the
+            # profiler computed at construction (for its step 0) still holds.
+            if step is not None and isinstance(getattr(prof, "step_num", None), int):
+                base[0] = step
+                prof.step_num = step
+
+        if not self._start_profiler(now, sched, renumber):
             return
+        self._first_step = step
         self.state, self._started_at, self._active_steps = "running", now, 0
         self._schedule(p.max_s)  # a step longer than max_s still ends the burst
         self._changed()
@@ -263,6 +341,7 @@ class Burster:
             self._window_rec = self.torch.profiler.record_function("ProfilerStep#0")
             self._window_rec.__enter__()
         self.state, self.mode, self._started_at = "running", "window", now
+        self._first_step = None
         self._schedule(min(self.params.window_s, self.params.max_s))
         self._changed()
 
@@ -286,6 +365,10 @@ class Burster:
             "started_at": self._started_at,
             "duration_s": round(now - self._started_at, 4),
             "measured_step_ms": [round(d * 1000, 4) for d in measured[-self.params.steps :]],
+            "start_step": self.params.start_step,
+            "first_step": self._first_step,
+            "group": self.params.group,
+            "rank": self._rank_or_none(),
         }
         self._worker = threading.Thread(
             target=self._summarize, args=(prof, info), name="torchwatch-burst-summary", daemon=True
@@ -321,6 +404,39 @@ class Burster:
         self.state, self.mode = "idle", ""
         self._changed()
 
+    def _rank_or_none(self) -> int | None:
+        try:
+            rank = self._rank()
+        except Exception:
+            return None
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= wire.MAX_RANKS else None
+
+    def _stem(self) -> str:
+        """``<host>_<pid>`` (TensorBoard's worker name), with ``.rank<r>`` when the rank is known."""
+        rank = self._rank_or_none()
+        return f"{_host()}_{self.instance.pid}" + ("" if rank is None else f".rank{rank}")
+
+    def _burst_folder(self, n: int) -> tuple[int, Path]:
+        """Open (creating as needed) the folder of burst ``n``: ``(its fd, its path)``; close the
+        fd. A group's folder may already exist, made by another rank of this user (the same
+        checks apply: ours, not open to others, not a link).
+
+        Raises:
+            OSError: a folder cannot be made or fails a check.
+        """
+        base_fd = publish.prepare_dir(self.trace_root, parents=True)
+        try:
+            group = self.params.group
+            if group is not None:
+                return publish.private_subdir(base_fd, group), self.trace_root / group
+            run_fd = publish.private_subdir(base_fd, self.run)
+        finally:
+            os.close(base_fd)
+        try:
+            return publish.private_subdir(run_fd, f"burst-{n}"), self.trace_root / self.run / f"burst-{n}"
+        finally:
+            os.close(run_fd)
+
     def _export(self, prof: Any, n: int) -> dict[str, Any]:
         """Export burst ``n``'s trace into its folder, summarise it if it is within the size
         bound, gzip it. Returns the summary's and the trace's fields.
@@ -328,21 +444,16 @@ class Burster:
         Raises:
             OSError, ValueError: the trace folder cannot be used, or the trace cannot be read.
         """
-        base_fd = publish.prepare_dir(self.trace_root, parents=True)
-        try:
-            run_fd = publish.private_subdir(base_fd, self.run)
-        finally:
-            os.close(base_fd)
-        try:
-            burst_fd = publish.private_subdir(run_fd, f"burst-{n}")
-        finally:
-            os.close(run_fd)
-        folder = self.trace_root / self.run / f"burst-{n}"
-        raw_name = f"{wire.TEMP_PREFIX}raw.{n}.json"
+        burst_fd, folder = self._burst_folder(n)
+        # Temp names end in neither .json nor .gz: HTA, reading the folder while another rank is
+        # still writing, takes every such file for a rank's trace.
+        raw_name = f"{wire.TEMP_PREFIX}raw.{self.instance.pid}.{n}.part"
+        gz_name = f"{wire.TEMP_PREFIX}gz.{self.instance.pid}.{n}.part"
         out: dict[str, Any] = {}
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(raw_name, dir_fd=burst_fd)
+            for name in (raw_name, gz_name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=burst_fd)
             # torch writes by path: inside our own 0700 folder, which nobody else can change
             prof.export_chrome_trace(str(folder / raw_name))
             st = os.stat(raw_name, dir_fd=burst_fd, follow_symlinks=False)
@@ -360,35 +471,51 @@ class Burster:
             trace = load_trace(folder / raw_name)
             try:
                 out.update(summarize_trace(trace))
+                has_rank = isinstance(trace.get("distributedInfo"), dict)
             finally:
                 del trace
-            final = f"{_host()}_{self.instance.pid}.{n}.pt.trace.json.gz"
+            rank = self._rank_or_none()
+            head = b"" if has_rank or rank is None else b'{"distributedInfo": {"rank": %d}, ' % rank
+            final = f"{self._stem()}.{n}.pt.trace.json.gz"
+            if _exists(final, burst_fd):
+                raise OSError(f"{folder / final} already exists")
             fd = os.open(
-                final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=burst_fd
+                gz_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=burst_fd
             )
             with (
                 open(raw_name, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW, dir_fd=burst_fd)) as src,
                 os.fdopen(fd, "wb") as raw_dst,
                 gzip.GzipFile(fileobj=raw_dst, mode="wb", compresslevel=3) as dst,
             ):
+                if head:
+                    _skip_to_object(src)
+                    dst.write(head)
                 shutil.copyfileobj(src, dst, 1 << 20)
+            os.rename(gz_name, final, src_dir_fd=burst_fd, dst_dir_fd=burst_fd)
             out["trace_path"] = str(folder / final)
             out["trace_dir"] = str(folder)
             out["trace_gz_bytes"] = os.stat(final, dir_fd=burst_fd).st_size
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(raw_name, dir_fd=burst_fd)
+            for name in (raw_name, gz_name):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=burst_fd)
             os.close(burst_fd)
         return out
 
     def _write_summary(self, n: int, last: wire.BurstResult) -> None:
-        """``burst-<n>.summary.json`` beside the burst's folder (not in it: HTA reads every
-        ``.json`` of the folder it is given)."""
-        run_fd = publish.open_dir(self.trace_root / self.run, (os.geteuid(),), private=True)
+        """The summary beside the burst's folder (not in it: HTA reads every ``.json`` of the
+        folder it is given): ``burst-<n>.summary.json`` in the run folder, or
+        ``<group>.<host>_<pid>.rank<r>.<n>.summary.json`` beside a group's folder."""
+        group = self.params.group
+        if group is None:
+            where, name = self.trace_root / self.run, f"burst-{n}.summary.json"
+        else:
+            where, name = self.trace_root, f"{group}.{self._stem()}.{n}.summary.json"
+        fd = publish.open_dir(where, (os.geteuid(),), private=group is None)
         try:
-            publish.write_atomic(run_fd, f"burst-{n}.summary.json", publish.encode_json(last.to_json()))
+            publish.write_atomic(fd, name, publish.encode_json(last.to_json()))
         finally:
-            os.close(run_fd)
+            os.close(fd)
 
     def _abort(self, now: float, reason: str) -> None:
         self._cancel_timer()

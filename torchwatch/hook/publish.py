@@ -342,6 +342,9 @@ _ENTRY_SIZE = ENTRY.size
 class Counters:
     """The writer's side of the ``counters`` file: a seqlock-protected header and a step ring.
 
+    Not thread-safe: one thread writes at a time (the hook's step, backward and collective
+    wrappers count the main thread's calls only).
+
     The file is made under a temp name, sized, mapped and only then renamed to ``counters``:
     no file anyone has mapped is ever truncated (a truncated mapping kills its reader or
     writer with SIGBUS). Writes go straight to the shared ``mmap``; the sequence number is odd
@@ -383,6 +386,14 @@ class Counters:
         self.step_time_s = 0.0
         self.in_next_since = 0.0
         self.last_batch_t = 0.0
+        self.step_source = 0  # index in wire.STEP_SOURCES
+        self.backward_calls = 0
+        self.collective_calls = 0
+        self.backward_s = 0.0
+        self.backward_blocked_s = 0.0
+        self.collective_s = 0.0
+        self.in_backward_since = 0.0
+        self.in_collective_since = 0.0
         self._flush()
         try:
             os.rename(tmp, COUNTERS_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -410,21 +421,53 @@ class Counters:
             self.in_next_since,
             self.last_batch_t,
             self.first_step_t,
+            self.step_source,
+            self.backward_calls,
+            self.collective_calls,
+            self.backward_s,
+            self.backward_blocked_s,
+            self.collective_s,
+            self.in_backward_since,
+            self.in_collective_since,
         )
         self.seq = seq = seq + 1
         _pack_seq(mm, SEQ_OFFSET, seq)
 
-    def step(self, end: float, duration: float | None, wait: float) -> None:
+    def step(
+        self,
+        end: float,
+        duration: float | None,
+        wait: float,
+        backward: float = 0.0,
+        blocked: float = 0.0,
+        collective: float = 0.0,
+    ) -> None:
         """Record a step that ended at ``end`` (monotonic s), lasted ``duration`` s (``None`` for
-        the first step, whose start is unknown) and spent ``wait`` s in DataLoader ``__next__``."""
+        the first step, whose start is unknown) and spent ``wait`` s in DataLoader ``__next__``,
+        ``backward`` s in backward passes (``blocked`` of it without CPU) and ``collective`` s in
+        explicit collectives (see :class:`wire.RankStep`)."""
         self.steps += 1
         if duration is not None:
             self.step_time_s += duration
-            _pack_entry(self._mm, _ENTRIES_AT + (self.written % RING) * _ENTRY_SIZE, end, duration, wait)
+            _pack_entry(
+                self._mm,
+                _ENTRIES_AT + (self.written % RING) * _ENTRY_SIZE,
+                end,
+                duration,
+                wait,
+                backward,
+                blocked,
+                collective,
+            )
             self.written += 1
         else:
             self.first_step_t = end
         self.last_step_t = end
+        self._flush()
+
+    def set_step_source(self, source: str) -> None:
+        """Where step boundaries come from from now on (one of :data:`wire.STEP_SOURCES`)."""
+        self.step_source = wire.STEP_SOURCES.index(source)
         self._flush()
 
     def next_started(self, t: float) -> None:
@@ -444,6 +487,33 @@ class Counters:
         """A DataLoader ``__next__`` raised (``StopIteration`` at the end of an epoch, or an
         error): no batch, and no longer "in ``__next__``" (a pause after the epoch is not a wait)."""
         self.in_next_since = 0.0
+        self._flush()
+
+    def backward_started(self, t: float) -> None:
+        """A backward pass began at ``t`` (monotonic s)."""
+        self.in_backward_since = t
+        self._flush()
+
+    def backward_ended(self, wall: float, blocked: float, flush: bool = True) -> None:
+        """A backward pass ended after ``wall`` s, ``blocked`` s of it without CPU; ``flush``
+        False when :meth:`step` follows at once (one write instead of two)."""
+        self.backward_calls += 1
+        self.backward_s += wall
+        self.backward_blocked_s += blocked
+        self.in_backward_since = 0.0
+        if flush:
+            self._flush()
+
+    def collective_started(self, t: float) -> None:
+        """A collective (or ``Work.wait()``) began at ``t`` (monotonic s)."""
+        self.in_collective_since = t
+        self._flush()
+
+    def collective_ended(self, waited: float) -> None:
+        """The collective ended after ``waited`` s."""
+        self.collective_calls += 1
+        self.collective_s += waited
+        self.in_collective_since = 0.0
         self._flush()
 
     def snapshot(self) -> CounterSnapshot | None:

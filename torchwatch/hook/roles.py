@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import os
 
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch")
-"""``python -m MODULE`` that starts ranks (torchrun's module, the older launcher, Accelerate's)."""
+LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+)
+"""``python -m MODULE`` that starts ranks (torchrun's module, the older launcher, Accelerate's, DeepSpeed's:
+``deepspeed`` runs ``python -m deepspeed.launcher.launch``, which starts the ranks; a hook there would take
+the pre-load variables out of the environment before the ranks inherit it)."""
 
 LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed")
 """Console scripts that start ranks."""

@@ -7,7 +7,16 @@ What runs on the training's hot path, and its cost (measured by ``bench/hook_cos
 - a wrapper around ``_BaseDataLoaderIter.__next__``: two clock reads and two counter updates
   per batch;
 - a wrapper around ``DataLoader._get_iterator``: reads the loader's settings once per iterator;
-- at most every 0.5 s, at an optimizer step: the GPU settings and, once the training has
+- a wrapper around ``torch.autograd.backward`` (``Tensor.backward`` calls it): two wall-clock
+  and two thread-CPU-clock reads (``time.thread_time``) and two counter updates per backward
+  pass of the main thread. The backward pass's wall time minus the main thread's CPU time in it
+  is the time it was blocked: with DDP on the CPU, the reducer's wait for its gradient
+  all-reduces (see :class:`wire.RankStep` for when that reading holds). It also gives step
+  boundaries to loops without ``torch.optim`` (manual SGD): :data:`STEP_SOURCE_RULE`;
+- wrappers around the blocking ``torch.distributed`` collectives (:data:`COLLECTIVES`) and
+  ``Work.wait()``: two clock reads and two counter updates per call of the main thread outside
+  backward;
+- at most every 0.5 s, at a step boundary: the GPU settings and, once the training has
   initialised CUDA, its device memory (:mod:`torchwatch.hook.gpu`).
 
 Everything else (``hook.json`` rewrites, burst summaries) happens on rare events or in a
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -32,12 +42,51 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from torchwatch.hook import publish, wire
+from torchwatch.hook import publish, ranks, wire
 from torchwatch.hook.burst import Burster, BurstParams
 from torchwatch.hook.gpu import GpuWatch
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
+
+BACKWARD_DECIDE_CALLS = 64
+BACKWARD_DECIDE_S = 10.0
+STEP_SOURCE_RULE = f"""Where step boundaries come from. An optimizer step (any ``torch.optim.Optimizer``)
+is a step boundary, always, and once one is seen nothing else is. Before that, the end of each
+backward pass of the main thread is one when no optimizer was created in the process (a loop
+that updates its parameters by hand, as ``pytorch/examples``' word_language_model does), or
+when one was but has not stepped in the first {BACKWARD_DECIDE_CALLS} backward passes and
+{BACKWARD_DECIDE_S:g} s (an optimizer that is never stepped). So gradient accumulation with
+an optimizer keeps optimizer steps. A loop whose first optimizer step comes later than that
+switches from backward passes to optimizer steps once, at that step (the step source says so)."""
+
+# Blocking collectives of torch.distributed (distributed_c10d's names): time in them is time
+# waiting on peers. isend/irecv and async_op=True calls return at once; their Work.wait() counts.
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "monitored_barrier",
+    "recv",
+    "recv_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
+)
 
 _active = False  # module global: the cheapest check in the wrappers; False in forked children
 _said: set[str] = set()
@@ -179,12 +228,21 @@ class Hook:
         signum: the signal that asks for a burst (SIGUSR2 by default); 0: bursts off.
         burst_at: optimizer step counts at which to run a burst without a signal.
         signal_error: why ``signum`` is 0 (recorded in the hook's errors).
+        spawned_by: the hook directory name of the process whose ``torch.multiprocessing.spawn``
+            started this one (a rank), else ``None``.
 
     Raises:
         OSError: ``/proc`` is not mounted (the process instance cannot be told).
     """
 
-    def __init__(self, directory: Path, signum: int, burst_at: tuple[int, ...], signal_error: str = "") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        signum: int,
+        burst_at: tuple[int, ...],
+        signal_error: str = "",
+        spawned_by: str | None = None,
+    ) -> None:
         self.instance = wire.self_instance()
         self.pid = self.instance.pid
         self.base = directory.absolute()  # fixed now: the training may chdir later
@@ -211,6 +269,20 @@ class Hook:
         self._last_check = 0.0
         self._unpatch: list[Any] = []
         self._hook_handle: Any = None
+        # distributed: identity, ranks started here, step source, backward and collective times
+        self.identity = ranks.Identity(spawned_by)
+        self.spawned_ranks: list[int] = []
+        self.step_source = ""
+        self._main_ident = threading.main_thread().ident
+        self._optimizer_made = False
+        self._in_backward = False
+        self._in_comm = False
+        self._first_backward_t = 0.0
+        self._undecided_calls = 0
+        self._bw_since_step = 0.0
+        self._bw_blocked_since_step = 0.0
+        self._comm_since_step = 0.0
+        self._identity_refreshed = False
 
     # -- activation -----------------------------------------------------------------------
     def on_torch(self, torch: Any) -> None:
@@ -252,7 +324,9 @@ class Hook:
         with contextlib.suppress(OSError):
             st = os.statvfs("/dev/shm")
             self.shm_bytes = st.f_frsize * st.f_blocks
-        self.burster = Burster(torch, self.instance, self._interrupt_main, self.publish, self.step_durations)
+        self.burster = Burster(
+            torch, self.instance, self._interrupt_main, self.publish, self.step_durations, self._rank
+        )
         _active = True
         self._patch(torch)
         self._take_signal()
@@ -272,8 +346,23 @@ class Hook:
             import torch.optim.optimizer as optim_mod
 
             self._hook_handle = optim_mod.register_optimizer_step_post_hook(self._on_step)
+            self._patch_optimizer_init(optim_mod)
         except Exception as exc:
             self.error(f"no step hook: {exc!r}")
+        try:
+            self._patch_backward()
+        except Exception as exc:
+            self.error(f"no backward wrapper: {exc!r}")
+        for what, patch in (
+            ("collective", self._patch_collectives),
+            ("rank identity", lambda: self._unpatch.extend(ranks.patch_init(self))),
+            ("torch.multiprocessing.spawn", lambda: self._unpatch.extend(ranks.patch_spawn(self))),
+        ):
+            try:
+                if getattr(torch, "distributed", None) is None or torch.distributed.is_available():
+                    patch()
+            except Exception as exc:
+                self.error(f"no {what} wrapper: {exc!r}")
         try:
             self._patch_dataloader(torch)
         except Exception as exc:
@@ -282,6 +371,95 @@ class Hook:
             self._patch_amp(torch)
         except Exception as exc:
             self.error(f"no AMP detection: {exc!r}")
+
+    def active(self) -> bool:
+        """Whether the hook is on in this process (for the wrappers of :mod:`ranks`)."""
+        return _active and os.getpid() == self.pid
+
+    def _patch_optimizer_init(self, optim_mod: Any) -> None:
+        """Note the first optimizer created (:data:`STEP_SOURCE_RULE`), then put ``__init__`` back."""
+        cls = optim_mod.Optimizer
+        orig = cls.__init__
+        hook = self
+
+        @functools.wraps(orig)
+        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
+            orig(opt, *args, **kwargs)
+            hook._optimizer_made = True
+            if cls.__init__ is __init__:
+                cls.__init__ = orig
+
+        cls.__init__ = __init__
+        self._unpatch.append((cls, "__init__", orig))
+
+    def _patch_backward(self) -> None:
+        """Time the main thread's backward passes (wall and thread CPU) and take step boundaries
+        from them when there is no optimizer step (:data:`STEP_SOURCE_RULE`)."""
+        import importlib
+
+        ag: Any = importlib.import_module("torch.autograd")
+        orig = ag.backward
+        hook = self
+        get_ident, monotonic, thread_time = threading.get_ident, time.monotonic, time.thread_time
+
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if not _active or hook._in_backward or get_ident() != hook._main_ident:
+                return orig(*args, **kwargs)
+            t0 = monotonic()
+            c0 = thread_time()
+            try:
+                hook.backward_started(t0)
+                result = orig(*args, **kwargs)
+            except BaseException:
+                hook.backward_aborted()
+                raise
+            hook.backward_ended(t0, monotonic(), thread_time() - c0)
+            return result
+
+        ag.backward = backward
+        self._unpatch.append((ag, "backward", orig))
+
+    def _patch_collectives(self) -> None:
+        """Time the blocking collectives (:data:`COLLECTIVES`) and ``Work.wait()`` of the main
+        thread, outside backward passes (DDP's own all-reduce is timed by the backward wrapper)
+        and outside another collective (``all_gather_object`` calls ``all_gather``)."""
+        import importlib
+
+        dc: Any = importlib.import_module("torch.distributed.distributed_c10d")
+        dist: Any = importlib.import_module("torch.distributed")
+        hook = self
+        get_ident, monotonic = threading.get_ident, time.monotonic
+
+        def wrap(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def collective(*args: Any, **kwargs: Any) -> Any:
+                if not _active or hook._in_comm or hook._in_backward or get_ident() != hook._main_ident:
+                    return orig(*args, **kwargs)
+                t0 = monotonic()
+                try:
+                    hook.collective_started(t0)
+                    return orig(*args, **kwargs)
+                finally:
+                    hook.collective_ended(monotonic() - t0)
+
+            return collective
+
+        for name in COLLECTIVES:
+            orig = getattr(dc, name, None)
+            if orig is None:
+                continue
+            wrapped = wrap(orig)
+            setattr(dc, name, wrapped)
+            self._unpatch.append((dc, name, orig))
+            if getattr(dist, name, None) is orig:
+                setattr(dist, name, wrapped)
+                self._unpatch.append((dist, name, orig))
+        work = getattr(dc, "Work", None)
+        if work is not None and callable(getattr(work, "wait", None)):
+            orig_wait = work.wait
+            work.wait = wrap(orig_wait)
+            self._unpatch.append((work, "wait", orig_wait))
 
     def _patch_dataloader(self, torch: Any) -> None:
         import importlib
@@ -410,31 +588,130 @@ class Hook:
             elif tracked is not optimizer:
                 return  # a second optimizer in the same iteration (GAN, ...): one step per iteration
             now = time.monotonic()
-            counters = self.counters
-            if counters is None:
-                return
-            duration = now - self._last_step_t if self._last_step_t else None
-            counters.step(now, duration, self._wait_since_step)
-            self._wait_since_step = 0.0
-            self._last_step_t = now
-            burster = self.burster
-            if burster is not None:
-                if burster.state != "idle":
-                    burster.on_step(now)
-                    # Starting or stepping the profiler is our cost, not the next step's: the next
-                    # step starts when it is done (so it lines up with the trace's ProfilerStep span).
-                    self._last_step_t = time.monotonic()
-                elif self.burst_at and counters.steps in self.burst_at:
-                    burster.request(BurstParams(), now, True, "scheduled")
-            if now - self._last_check > 1.0:
-                self._last_check = now
-                self._check_signal()
-            if self.gpu.due(now) and self.gpu.sample(self.torch, optimizer, now):
+            if self.step_source != "optimizer":
+                switched = self.step_source == "backward"
+                self._set_step_source("optimizer")
+                if switched:
+                    # The last boundary was this iteration's backward pass: this step would be
+                    # the optimizer's few ms. Start counting from here instead.
+                    self._last_step_t = now
+                    self._reset_step_times()
+                    return
+            self._boundary(now)
+        except Exception as exc:
+            self.error(f"step hook: {exc!r}")
+
+    def _reset_step_times(self) -> None:
+        self._wait_since_step = 0.0
+        self._bw_since_step = 0.0
+        self._bw_blocked_since_step = 0.0
+        self._comm_since_step = 0.0
+
+    def _boundary(self, now: float) -> None:
+        """A step ended at ``now`` (an optimizer step, or a backward pass: :attr:`step_source`)."""
+        counters = self.counters
+        if counters is None:
+            return
+        duration = now - self._last_step_t if self._last_step_t else None
+        bw, blocked, comm = self._bw_since_step, self._bw_blocked_since_step, self._comm_since_step
+        counters.step(now, duration, self._wait_since_step, bw, blocked, comm)
+        self._reset_step_times()
+        self._last_step_t = now
+        burster = self.burster
+        if burster is not None:
+            if burster.state != "idle":
+                burster.on_step(now, counters.steps)
+                # Starting or stepping the profiler is our cost, not the next step's: the next
+                # step starts when it is done (so it lines up with the trace's ProfilerStep span).
+                self._last_step_t = time.monotonic()
+            elif self.burst_at and counters.steps in self.burst_at:
+                burster.request(BurstParams(), now, True, "scheduled")
+        if now - self._last_check > 1.0:
+            self._last_check = now
+            self._check_signal()
+        if not self._identity_refreshed:
+            # a torch.multiprocessing.spawn rank knows its index only once its function runs
+            self._identity_refreshed = True
+            self.publish()
+        if self.gpu.due(now):
+            optimizer = self._step_opt() if self._step_opt is not None else None
+            if self.gpu.sample(self.torch, optimizer, now):
                 if self.gpu.error:
                     self.error(self.gpu.error)
                 self.publish()
+
+    def _set_step_source(self, source: str) -> None:
+        self.step_source = source
+        if self.counters is not None:
+            self.counters.set_step_source(source)
+        self.publish()
+
+    def _write(self, what: str, write: Any, *args: float) -> None:
+        """``write(counters, *args)`` (a :class:`publish.Counters` method); a failure (a closed
+        mapping at exit) becomes an error of the ``what`` wrapper, never the training's."""
+        counters = self.counters
+        if counters is not None:
+            try:
+                write(counters, *args)
+            except Exception as exc:
+                self.error(f"{what} wrapper: {exc!r}")
+
+    def backward_started(self, t0: float) -> None:
+        """The main thread entered ``torch.autograd.backward`` at ``t0`` (monotonic s)."""
+        self._in_backward = True
+        self._write("backward", publish.Counters.backward_started, t0)
+
+    def backward_aborted(self) -> None:
+        """The backward pass raised: neither a step nor a backward pass to count."""
+        self._in_backward = False
+        with contextlib.suppress(Exception):
+            if self.counters is not None:
+                self.counters.backward_ended(0.0, 0.0)
+
+    def backward_ended(self, t0: float, t1: float, cpu: float) -> None:
+        """The backward pass begun at ``t0`` ended at ``t1`` (monotonic s) after ``cpu`` s of the
+        main thread's CPU time."""
+        self._in_backward = False
+        try:
+            wall = t1 - t0
+            blocked = wall - cpu if wall > cpu else 0.0
+            self._bw_since_step += wall
+            self._bw_blocked_since_step += blocked
+            boundary = self._backward_is_boundary(t1)
+            counters = self.counters
+            if counters is not None:
+                counters.backward_ended(wall, blocked, flush=not boundary)
+            if boundary:
+                self._boundary(t1)
         except Exception as exc:
-            self.error(f"step hook: {exc!r}")
+            self.error(f"backward wrapper: {exc!r}")
+
+    def _backward_is_boundary(self, t: float) -> bool:
+        """Whether the backward pass that ended at ``t`` ends a step (:data:`STEP_SOURCE_RULE`)."""
+        if self.step_source:
+            return self.step_source == "backward"
+        self._undecided_calls += 1
+        if not self._first_backward_t:
+            self._first_backward_t = t
+        if not self._optimizer_made or (
+            self._undecided_calls >= BACKWARD_DECIDE_CALLS and t - self._first_backward_t >= BACKWARD_DECIDE_S
+        ):
+            self._set_step_source("backward")
+            # the data wait and backward time before this first boundary belong to no step
+            self._reset_step_times()
+            return True
+        return False
+
+    def collective_started(self, t0: float) -> None:
+        """The main thread entered a collective at ``t0`` (monotonic s)."""
+        self._in_comm = True
+        self._write("collective", publish.Counters.collective_started, t0)
+
+    def collective_ended(self, waited: float) -> None:
+        """The collective returned (or raised) after ``waited`` s."""
+        self._in_comm = False
+        self._comm_since_step += waited
+        self._write("collective", publish.Counters.collective_ended, waited)
 
     def on_batch(self, it: Any, t0: float, t1: float, batch: Any) -> None:
         """A batch arrived: ``__next__`` ran from ``t0`` to ``t1`` (monotonic s)."""
@@ -568,10 +845,18 @@ class Hook:
             dataloaders=tuple(r.info() for r in loaders),
             burst=burster.public_state() if burster is not None else None,
             errors=tuple(self.errors),
+            step_source=self.step_source,
+            rank=self.identity.info(self.torch),
+            spawned_ranks=tuple(self.spawned_ranks[: wire.MAX_SPAWNED]),
             device_memory=self.gpu.memory,
             devices=self.gpu.devices,
             gpu_settings=self.gpu.settings,
         )
+
+    def _rank(self) -> int | None:
+        """This process's global rank, when known (bursts put it in the trace's file name)."""
+        info = self.identity.info(self.torch)
+        return None if info is None else info.rank
 
     def state(self) -> dict[str, Any]:
         """``hook.json`` as a dict (:meth:`record` in JSON form)."""
@@ -655,14 +940,16 @@ def current() -> Hook | None:
     return _HOOK if _HOOK is not None and _HOOK.pid == os.getpid() else None
 
 
-def start(signum: int, burst_at: tuple[int, ...], directory: Path, signal_error: str = "") -> Hook:
+def start(
+    signum: int, burst_at: tuple[int, ...], directory: Path, signal_error: str = "", spawned_by: str | None = None
+) -> Hook:
     """Create the hook and patch torch now or when it is imported (see ``install``).
 
     Raises:
         OSError: ``/proc`` is not mounted.
     """
     global _HOOK
-    hook = Hook(directory, signum, burst_at, signal_error)
+    hook = Hook(directory, signum, burst_at, signal_error, spawned_by)
     _HOOK = hook
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):

@@ -100,8 +100,13 @@ _STEP_PREFIX = "ProfilerStep#"  # torch.profiler.profile.step() -> record_functi
 _DATALOADER_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")  # tb_plugin event_parser.py
 _OPTIMIZER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#")  # torch.optim.Optimizer's profile hooks
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function"  # one per autograd node the engine runs
-_COMM_OP_PREFIX = "c10d::"
-_COMM_OP_PARTS = ("nccl:", "gloo:")  # tb_plugin trace.py NcclOpNameSet / GlooOpNameSet
+# c10d's dispatcher ops (``c10d::allreduce_``: on the CPU with gloo, the caller's thread blocks in
+# it while the transfer runs), the functional collectives of torch.compile and DTensor
+# (``_c10d_functional::all_reduce``), and the backends' own spans: ``gloo:all_reduce`` on gloo's
+# worker threads, ``nccl:all_reduce`` (tb_plugin trace.py NcclOpNameSet / GlooOpNameSet).
+# ``record_param_comms`` (NCCL) only records a launch's parameters: CPU exec, as for tb_plugin.
+_COMM_OP_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
+_COMM_OP_PARTS = ("nccl:", "gloo:")
 _SYNC_RUNTIME = frozenset(
     {
         "cudaDeviceSynchronize",
@@ -274,7 +279,7 @@ def _parse_host(p: _Parsed, kind: int, name: str, span: Interval, thread: Thread
         p.dataloader.append(span)
     elif name.startswith(_OPTIMIZER_PREFIXES):
         p.optimizer.append(span)
-    elif name.startswith(_COMM_OP_PREFIX) or any(part in name for part in _COMM_OP_PARTS):
+    elif name.startswith(_COMM_OP_PREFIXES) or any(part in name for part in _COMM_OP_PARTS):
         p.communication.append(span)
     else:
         p.cpu_exec.append(span)
@@ -497,7 +502,8 @@ def summarize_trace(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
     - ``kernel``: ``kernel`` events, except those whose name contains "nccl" (communication);
     - ``memcpy`` / ``memset``: ``gpu_memcpy`` / ``gpu_memset``;
     - ``communication``: NCCL kernels, and ``cpu_op``/``user_annotation`` events named ``c10d::...`` or
-      containing ``nccl:`` or ``gloo:``;
+      ``_c10d_functional::...``, or containing ``nccl:`` or ``gloo:`` (a CPU gloo DDP trace has
+      ``c10d::allreduce_`` on the training's thread and ``gloo:all_reduce`` on gloo's threads);
     - ``runtime``: ``cuda_runtime``, ``cuda_driver``, ``hip_runtime`` (and the plugin's other ``*_runtime``);
     - ``dataloader``: ``cpu_op``/``user_annotation`` named ``enumerate(DataLoader)...`` (or
       ``enumerate(DataPipe)...``, as in the plugin);

@@ -8,11 +8,17 @@ One module for both sides, so the writer (the hook, inside the training) and the
 - the process instance a hook directory belongs to (:class:`Instance`): namespace-local PID,
   start time (clock ticks since boot, ``/proc/PID/stat`` field 22) and PID-namespace inode,
   and the directory name made from them (``<pid>-<start>-<pidns>``);
-- ``hook.json`` as typed, frozen records (:class:`HookRecord` and its parts) with a strict
-  decoder: types, ranges, list and string lengths; strings lose every control, format and
-  separator character, so nothing read from a file reaches a terminal raw;
-- the ``counters`` binary layout (:func:`decode_counters`) and the burst request
-  (:class:`BurstRequest`).
+- ``hook.json`` as typed, frozen records (:class:`HookRecord` and its parts, among them the
+  rank's identity, :class:`RankInfo`) with a strict decoder: types, ranges, list and string
+  lengths; strings lose every control, format and separator character, so nothing read from a
+  file reaches a terminal raw;
+- the ``counters`` binary layout (:func:`decode_counters`, per step: :class:`RankStep`) and the
+  burst request (:class:`BurstRequest`).
+
+Compatibility: fields added to ``hook.json`` are optional (a reader of the same schema that does
+not know them ignores them), so its schema stays ``torchwatch.hook/2``. The ``counters`` layout is
+versioned on its own (:data:`COUNTERS_VERSION`, 3 since the per-rank fields): a reader of another
+version refuses the file with a one-line reason.
 
 The hook runs its own ``hook.json`` through the same decoder before writing it, so it never
 publishes what torchwatch would refuse. Every decode failure is a :class:`WireError` whose
@@ -28,7 +34,7 @@ import signal
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
     "CATEGORIES",
@@ -50,10 +56,13 @@ __all__ = [
     "Instance",
     "LoaderInfo",
     "OpTime",
+    "RankInfo",
+    "RankStep",
     "Refusal",
     "WireError",
     "clean_text",
     "decode_counters",
+    "group_name_ok",
     "parse_signal",
     "signal_allowed",
     "signal_name",
@@ -67,7 +76,7 @@ KNOWN_FILES = (STATE_FILE, COUNTERS_FILE, REQUEST_FILE)
 TEMP_PREFIX = ".tw-"  # temp files the hook or torchwatch create before a rename (see publish.write_atomic)
 
 STATE_MAX_BYTES = 1 << 20  # a real hook.json is 2-20 KB (a burst summary lists at most 10 ops and kernels)
-REQUEST_MAX_BYTES = 4096  # a request is six numbers
+REQUEST_MAX_BYTES = 4096  # a request is eight numbers and a short name
 
 # Linux pid_max is at most 2**22 (PID_MAX_LIMIT, include/linux/threads.h).
 PID_MAX = 1 << 22
@@ -344,6 +353,11 @@ IDLE_PARTS = ("host_wait", "kernel_wait", "other")
 
 BURST_STATES = ("idle", "armed", "running", "summarizing")
 BURST_MODES = ("", "steps", "window")
+STEP_SOURCES = ("", "optimizer", "backward")  # where step boundaries come from; "": not known yet
+RANK_SOURCES = ("env", "torch.distributed", "mp.spawn index", "mp.spawn parent")
+RANK_FIELDS = ("rank", "local_rank", "world_size", "local_world_size", "group_rank", "job", "backend")
+MAX_RANKS = 1 << 20  # ranks and world sizes above this are not a real job's
+MAX_SPAWNED = 256  # PIDs of the ranks one torch.multiprocessing.spawn call started, kept in hook.json
 MAX_LOADERS = 16
 MAX_ERRORS = 16
 MAX_TOP = 50
@@ -474,6 +488,11 @@ class BurstResult:
     summary's fields); a failed burst has ``error`` and little else. Times in ms unless named
     ``_s``; shares are fractions of the step time; bytes are bytes.
 
+    ``start_step`` is the step the request named, ``first_step`` the step the profiler started
+    at (the warmup step; the trace's ``ProfilerStep#N`` annotations carry the hook's own step
+    numbers, so the traces of several ranks line up step for step); ``group`` and ``rank`` name
+    the multi-rank burst this trace belongs to.
+
     ``trace_path`` is the gzip trace, ``trace_dir`` the folder that holds it (the one to give
     HolisticTraceAnalysis or TensorBoard).
     """
@@ -515,6 +534,10 @@ class BurstResult:
     rss_before_bytes: int | None = None
     rss_after_bytes: int | None = None
     rss_growth_since_first_bytes: int | None = None
+    start_step: int | None = None
+    first_step: int | None = None
+    group: str | None = None
+    rank: int | None = None
 
     @classmethod
     def decode(cls, value: object, where: str) -> BurstResult:
@@ -560,6 +583,10 @@ class BurstResult:
             rss_before_bytes=o.integer("rss_before_bytes", 0, _U63, optional=True),
             rss_after_bytes=o.integer("rss_after_bytes", 0, _U63, optional=True),
             rss_growth_since_first_bytes=o.integer("rss_growth_since_first_bytes", -_U63, _U63, optional=True),
+            start_step=o.integer("start_step", 0, _U63, optional=True),
+            first_step=o.integer("first_step", 0, _U63, optional=True),
+            group=_group(o.text("group", 64, optional=True), f"{where}.group"),
+            rank=o.integer("rank", 0, MAX_RANKS, optional=True),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -618,7 +645,16 @@ class BurstResult:
             rss_after_bytes=self.rss_after_bytes,
             rss_growth_since_first_bytes=self.rss_growth_since_first_bytes,
         )
+        for key in ("start_step", "first_step", "group", "rank"):  # present only when set (older readers)
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
+
+
+def _group(name: str | None, where: str) -> str | None:
+    if name is not None and not group_name_ok(name):
+        raise WireError(f"{where}: not a burst group name")
+    return name
 
 
 @dataclass(frozen=True)
@@ -752,6 +788,71 @@ class GpuSettings:
 
 
 @dataclass(frozen=True)
+class RankInfo:
+    """Who this process is in a distributed job, and where each answer came from.
+
+    Attributes:
+        rank, world_size: the global rank and the number of ranks (``RANK``, ``WORLD_SIZE``, or
+            ``torch.distributed.get_rank()`` / ``get_world_size()`` once initialised).
+        local_rank, local_world_size: the rank on this machine and the ranks on it
+            (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``; for ``torch.multiprocessing.spawn`` ranks the
+            process index passed to the function is the local rank when nothing else says).
+        group_rank: the machine's index among the job's machines (``GROUP_RANK``, torchrun).
+        job: a key shared by every rank of one job: ``TORCHELASTIC_RUN_ID`` (torchrun, unless
+            ``none``), else ``MASTER_ADDR:MASTER_PORT``, else the address of a ``tcp://``
+            ``init_method``, else ``mp.spawn:<the spawning process's hook directory name>``.
+        backend: the default process group's backend (``gloo``, ``nccl``, ...) once initialised.
+        spawned_by: the hook directory name (:attr:`Instance.dir_name`) of the process whose
+            ``torch.multiprocessing.spawn`` started this rank; ``None`` otherwise.
+        sources: ``(field, source)`` for each field set: ``env``, ``torch.distributed``,
+            ``mp.spawn index`` or ``mp.spawn parent`` (:data:`RANK_SOURCES`).
+    """
+
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    group_rank: int | None = None
+    job: str | None = None
+    backend: str | None = None
+    spawned_by: str | None = None
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def source(self, field: str) -> str | None:
+        """Where ``field`` came from (one of :data:`RANK_SOURCES`), ``None`` when unset."""
+        return dict(self.sources).get(field)
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> RankInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        src = _Obj(o.d.get("sources") or {}, f"{where}.sources")
+        unknown = [k for k in src.d if k not in RANK_FIELDS]
+        if unknown:
+            raise WireError(f"{src.where}: unknown key {clean_text(str(unknown[0]), 40)!r}")
+        spawned = o.text("spawned_by", 64, optional=True)
+        if spawned is not None and Instance.from_dir_name(spawned) is None:
+            raise WireError(f"{where}.spawned_by: not a hook directory name")
+        return cls(
+            rank=o.integer("rank", 0, MAX_RANKS, optional=True),
+            local_rank=o.integer("local_rank", 0, MAX_RANKS, optional=True),
+            world_size=o.integer("world_size", 1, MAX_RANKS, optional=True),
+            local_world_size=o.integer("local_world_size", 1, MAX_RANKS, optional=True),
+            group_rank=o.integer("group_rank", 0, MAX_RANKS, optional=True),
+            job=o.text("job", NAME, optional=True),
+            backend=o.text("backend", 32, optional=True),
+            spawned_by=spawned,
+            sources=tuple((k, src.text(k, 32, choices=RANK_SOURCES)) for k in RANK_FIELDS if k in src.d),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (``sources`` as ``{field: source}``)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in (*RANK_FIELDS, "spawned_by")}
+        out["sources"] = dict(self.sources)
+        return out
+
+
+@dataclass(frozen=True)
 class HookRecord:
     """Everything ``hook.json`` holds: who publishes (the process instance), the burst
     signal and whether the hook owns its handler, the training's settings, the burst state and
@@ -764,6 +865,12 @@ class HookRecord:
         signal: the burst signal (0: bursts off), one of :func:`burst_signals` otherwise.
         usable_cpus: CPUs the training may use (affinity and cgroup quota). shm_bytes: size of
             ``/dev/shm``, bytes.
+        step_source: where step boundaries come from (:data:`STEP_SOURCES`): ``optimizer`` (a
+            global optimizer step hook), ``backward`` (the end of each ``torch.autograd.backward``
+            call, for loops without ``torch.optim``), ``""`` while not known yet.
+        rank: the process's place in a distributed job (``None``: no sign of one).
+        spawned_ranks: PIDs (in this process's namespace) of the ranks its
+            ``torch.multiprocessing.spawn`` / ``start_processes`` calls started.
         device_memory: the caching allocator of the training's current CUDA device (only once the
             training initialised CUDA); devices: every device it holds memory on (at most
             :data:`MAX_DEVICES`), added.
@@ -785,6 +892,9 @@ class HookRecord:
     burst: BurstState | None = None
     errors: tuple[str, ...] = ()
     device_memory: DeviceMemory | None = None
+    step_source: str = ""
+    rank: RankInfo | None = None
+    spawned_ranks: tuple[int, ...] = ()
     devices: tuple[DeviceMemory, ...] = ()
     gpu_settings: GpuSettings | None = None
 
@@ -817,6 +927,9 @@ class HookRecord:
             burst=_opt(o.d.get("burst"), f"{where}.burst", BurstState.decode),
             errors=tuple(_text_item(v, w) for v, w in o.items("errors", MAX_ERRORS)),
             device_memory=_opt(o.d.get("device_memory"), f"{where}.device_memory", DeviceMemory.decode),
+            step_source=o.text("step_source", 16, optional=True, choices=STEP_SOURCES) or "",
+            rank=_opt(o.d.get("rank"), f"{where}.rank", RankInfo.decode),
+            spawned_ranks=tuple(_pid_item(v, w) for v, w in o.items("spawned_ranks", MAX_SPAWNED)),
             devices=tuple(DeviceMemory.decode(v, w) for v, w in o.items("devices", MAX_DEVICES)),
             gpu_settings=_opt(o.d.get("gpu_settings"), f"{where}.gpu_settings", GpuSettings.decode),
         )
@@ -842,9 +955,18 @@ class HookRecord:
             "burst": None if self.burst is None else self.burst.to_json(),
             "errors": list(self.errors),
             **({} if self.device_memory is None else {"device_memory": self.device_memory.to_json()}),
+            "step_source": self.step_source,
+            "rank": None if self.rank is None else self.rank.to_json(),
+            "spawned_ranks": list(self.spawned_ranks),
             **({"devices": [d.to_json() for d in self.devices]} if self.devices else {}),
             **({} if self.gpu_settings is None else {"gpu_settings": self.gpu_settings.to_json()}),
         }
+
+
+def _pid_item(v: object, where: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v < PID_MAX:
+        raise WireError(f"{where}: expected a PID, got {_type(v)}")
+    return v
 
 
 def _int_item(v: object, where: str) -> int:
@@ -872,6 +994,12 @@ class BurstRequest:
         window_s: length of a time-window burst, for processes that make no optimizer steps.
         max_bytes: a larger exported trace is deleted before it is read (no summary).
         arm_timeout_s: seconds to wait for a step boundary before falling back to a time window.
+        start_step: the step (0-based, as counted by the hook) at which the burst starts, so that
+            every rank of a job profiles the same steps; ``None``: the next step. A rank already
+            past it starts at its next step and says so (``BurstResult.first_step``).
+        group: a name shared by the bursts of all ranks (:func:`group_name_ok`): their traces go
+            to one folder, ``<trace dir>/<group>/``, one file per rank (what HolisticTraceAnalysis
+            reads as one multi-rank trace). ``None``: the process's own folder.
     """
 
     warmup: int = 1
@@ -880,6 +1008,8 @@ class BurstRequest:
     window_s: float = 2.0
     max_bytes: int = 200 * 1024 * 1024
     arm_timeout_s: float = 3.0
+    start_step: int | None = None
+    group: str | None = None
 
     @classmethod
     def from_request(cls, req: Mapping[str, Any] | None) -> BurstRequest:
@@ -902,6 +1032,8 @@ class BurstRequest:
             window_s=num("window_s", 0.2, 30.0, d.window_s),
             max_bytes=int(num("max_bytes", 1e6, 2e9, d.max_bytes)),
             arm_timeout_s=num("arm_timeout_s", 0.5, 60.0, d.arm_timeout_s),
+            start_step=_count_or_none(req.get("start_step")),
+            group=req["group"] if group_name_ok(req.get("group")) else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -909,22 +1041,91 @@ class BurstRequest:
         return dict(self.__dict__)
 
 
+_GROUP = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def group_name_ok(name: object) -> bool:
+    """Whether ``name`` may name a burst group: 1 to 64 of ``A-Z a-z 0-9 _ . -``, not only dots
+    (it becomes a folder name: no ``/``, no ``.`` or ``..``)."""
+    return isinstance(name, str) and _GROUP.match(name) is not None and name.strip(".") != ""
+
+
+def _count_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U63 else None
+
+
 # -- counters -------------------------------------------------------------------------------------
-COUNTERS_MAGIC = b"TWH2"
-COUNTERS_VERSION = 2
+COUNTERS_MAGIC = b"TWH3"
+COUNTERS_VERSION = 3  # 3: step source, backward and collective totals, per-step backward/collective times
 # magic, version, seq, pid, start (ticks), pid namespace inode, steps, batches, ring capacity,
 # ring written, last step end (s), data wait total (s), step time total (s), in-next since
-# (s, 0 = not in next), last batch end (s), first step end (s)
-HEADER = struct.Struct("<4sIQQQQQQQQdddddd")
+# (s, 0 = not in next), last batch end (s), first step end (s), step source (index in
+# STEP_SOURCES), backward calls, collective calls, backward wall total (s), backward blocked
+# total (s), collective wait total (s), in-backward since (s, 0 = not in one), in-collective
+# since (s, 0 = not in one)
+HEADER = struct.Struct("<4sIQQQQQQQQddddddQQQddddd")
 SEQ = struct.Struct("<Q")  # the header's seq field, at offset 8
 SEQ_OFFSET = 8
 IDENTITY = struct.Struct("<4sI8xQQQ")  # magic, version, (seq), pid, start, pidns: written once
-DYNAMIC = struct.Struct("<QQQQdddddd")  # steps ... first step end: rewritten at every update
+DYNAMIC = struct.Struct("<QQQQddddddQQQddddd")  # steps ... in-collective since: rewritten at every update
 DYNAMIC_OFFSET = IDENTITY.size
 assert IDENTITY.size + DYNAMIC.size == HEADER.size
-ENTRY = struct.Struct("<ddd")  # step end (monotonic s), step duration (s), data wait in the step (s)
+# step end (monotonic s), step duration, data wait, backward wall, backward blocked, collective wait (s)
+ENTRY = struct.Struct("<dddddd")
 RING = 512
 COUNTERS_SIZE = HEADER.size + RING * ENTRY.size
+
+
+class RankStep(NamedTuple):
+    """One step of one rank, as the counters hold it (all in s; ``end`` is monotonic).
+
+    Attributes:
+        end: when the step ended (an optimizer step, or the end of a backward pass).
+        duration: from the previous step's end to this one's.
+        data_wait: blocked in DataLoader ``__next__``.
+        backward: wall time of ``torch.autograd.backward`` calls in the step.
+        backward_blocked: the part of ``backward`` in which the calling thread used no CPU
+            (wall minus ``time.thread_time()``). With DDP on CPU this is the wait for the
+            gradient all-reduce that DDP's reducer runs inside backward (see
+            :meth:`collective_wait`).
+        collective: blocked in explicit ``torch.distributed`` collectives and ``Work.wait()``
+            called outside backward.
+    """
+
+    end: float
+    duration: float
+    data_wait: float
+    backward: float
+    backward_blocked: float
+    collective: float
+
+    def collective_wait(self, backward_blocked_is_comm: bool) -> float:
+        """Time blocked on peers in the step, s: explicit collectives, plus the blocked part of
+        backward when that is the reducer's all-reduce.
+
+        Args:
+            backward_blocked_is_comm: count ``backward_blocked`` as collective wait. True for a
+                distributed training whose backward runs on the CPU (CUDA not initialised): the
+                autograd engine then runs backward on the calling thread, and what blocks it is
+                DDP's wait for its bucket all-reduces. On a GPU the engine runs backward on its
+                device threads and the caller blocks for all of it: say False (collectives on
+                the GPU are asynchronous; a burst shows their kernels). The estimate counts an
+                OpenMP thread's spin-wait as CPU (so it is low with several intra-op threads)
+                and a descheduled thread as blocked (so it is high on an oversubscribed CPU).
+        """
+        return self.collective + (self.backward_blocked if backward_blocked_is_comm else 0.0)
+
+    def before_collective(self) -> float:
+        """What the rank does in the step besides loading data, backward and collectives, s:
+        the step minus data wait, backward wall and explicit collectives (forward, optimizer
+        and other host work). In synchronous data parallelism every rank's step lasts as long
+        as the slowest's, so the step itself names no straggler; the rank that arrives last at
+        the gradient all-reduce does (HolisticTraceAnalysis's straggler analysis: the rank whose
+        last collective starts latest; TraceML: the rank with the shortest backward, which
+        includes the wait). ``data_wait + before_collective()`` is how long a rank takes to
+        reach its backward pass; the rank with the longest is the straggler, and the larger
+        of the two parts says why."""
+        return max(0.0, self.duration - self.data_wait - self.backward - self.collective)
 
 
 @dataclass(frozen=True)
@@ -934,7 +1135,8 @@ class CounterSnapshot:
 
     Attributes:
         instance: the training process that writes them.
-        steps: optimizer steps since the hook started.
+        steps: step boundaries since the hook started (optimizer steps, or backward passes:
+            ``step_source``).
         batches: batches taken from DataLoader iterators.
         last_step_t: when the last step ended (0.0: none yet).
         first_step_t: when the first step ended (0.0: none yet).
@@ -943,6 +1145,17 @@ class CounterSnapshot:
         in_next_since: when the ``__next__`` now running began (0.0: not in one).
         last_batch_t: when the last batch arrived (0.0: none yet).
         entries: the last up-to-:data:`RING` steps as ``(end, duration, data wait)``, oldest first.
+        step_source: where the step boundaries come from (:data:`STEP_SOURCES`). It changes at
+            most once after it is set: from ``backward`` to ``optimizer`` when a loop that made
+            no optimizer step for a while makes one (its first steps were backward passes).
+        backward_calls, backward_s, backward_blocked_s: ``torch.autograd.backward`` calls of the
+            main thread, their total wall time and the part of it spent blocked (no CPU), s.
+        collective_calls, collective_s: explicit ``torch.distributed`` collectives (and
+            ``Work.wait()``) of the main thread outside backward, and the time blocked in them, s.
+        in_backward_since, in_collective_since: when the backward pass or collective now
+            running began (0.0: not in one), so a rank stuck on a dead peer shows while it lasts.
+        details: for each of ``entries``, ``(backward, backward blocked, collective)``, s
+            (see :meth:`rank_steps`).
     """
 
     instance: Instance
@@ -955,11 +1168,25 @@ class CounterSnapshot:
     in_next_since: float
     last_batch_t: float
     entries: tuple[tuple[float, float, float], ...]
+    step_source: str = ""
+    backward_calls: int = 0
+    backward_s: float = 0.0
+    backward_blocked_s: float = 0.0
+    collective_calls: int = 0
+    collective_s: float = 0.0
+    in_backward_since: float = 0.0
+    in_collective_since: float = 0.0
+    details: tuple[tuple[float, float, float], ...] = ()
 
     @property
     def pid(self) -> int:
         """The writer's PID (in its own namespace)."""
         return self.instance.pid
+
+    def rank_steps(self) -> tuple[RankStep, ...]:
+        """The steps of :attr:`entries` with their backward and collective times, oldest first."""
+        details = self.details if len(self.details) == len(self.entries) else ((0.0, 0.0, 0.0),) * len(self.entries)
+        return tuple(RankStep(*e, *d) for e, d in zip(self.entries, details, strict=True))
 
 
 class Busy(WireError):
@@ -982,21 +1209,34 @@ def decode_counters(data: bytes, again: bytes, expect: Instance | None = None) -
     head = HEADER.unpack_from(data, 0)
     magic, version, seq, pid, start, ns, steps, batches, ring, written = head[:10]
     if magic != COUNTERS_MAGIC or version != COUNTERS_VERSION:
-        raise WireError("counters: not a torchwatch counters file of this version")
+        raise WireError(f"counters: not a torchwatch counters file of version {COUNTERS_VERSION}")
     if seq % 2 or seq != SEQ.unpack_from(again, SEQ_OFFSET)[0]:
         raise Busy("counters: being written")
     inst = Instance(pid, start, ns)
     if expect is not None and inst != expect:
         raise WireError(f"counters: written by process {inst.dir_name}, not {expect.dir_name}")
-    if ring != RING or written > _U63 or steps > _U63 or batches > _U63:
-        raise WireError("counters: bad ring or counts")
-    times = head[10:]
+    source, bw_calls, coll_calls = head[16:19]
+    if ring != RING or max(written, steps, batches, bw_calls, coll_calls) > _U63 or source >= len(STEP_SOURCES):
+        raise WireError("counters: bad ring, counts or step source")
+    times = head[10:16] + head[19:]
     if not all(math.isfinite(t) and 0.0 <= t <= _TIME_MAX for t in times):
         raise WireError("counters: a time is not a clock reading")
-    last_step, wait, step_time, in_next, last_batch, first = times
+    last_step, wait, step_time, in_next, last_batch, first, bw_s, bw_blocked, coll_s, in_bw, in_coll = times
     n = min(written, ring)
     begin = written - n
-    entries = tuple(ENTRY.unpack_from(data, HEADER.size + ((begin + i) % ring) * ENTRY.size) for i in range(n))
-    if not all(math.isfinite(x) and abs(x) <= _TIME_MAX for e in entries for x in e):
+    rows = [ENTRY.unpack_from(data, HEADER.size + ((begin + i) % ring) * ENTRY.size) for i in range(n)]
+    if not all(math.isfinite(x) and abs(x) <= _TIME_MAX for e in rows for x in e):
         raise WireError("counters: a step entry is not a clock reading")
-    return CounterSnapshot(inst, steps, batches, last_step, first, wait, step_time, in_next, last_batch, entries)
+    return CounterSnapshot(
+        inst, steps, batches, last_step, first, wait, step_time, in_next, last_batch,
+        entries=tuple(r[:3] for r in rows),
+        step_source=STEP_SOURCES[source],
+        backward_calls=bw_calls,
+        backward_s=bw_s,
+        backward_blocked_s=bw_blocked,
+        collective_calls=coll_calls,
+        collective_s=coll_s,
+        in_backward_since=in_bw,
+        in_collective_since=in_coll,
+        details=tuple(r[3:] for r in rows),
+    )  # fmt: skip
