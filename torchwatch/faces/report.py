@@ -194,7 +194,8 @@ def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
 
 
 def _gpu_lines(memory: Any, settings: Any) -> list[str]:
-    """The hook's device memory (or why it is not known) and the GPU settings it read."""
+    """The hook's device memory (or why it is not known) and, in a training that uses CUDA, the
+    GPU settings it read."""
     lines: list[str] = []
     if isinstance(memory, Mapping):
         if memory.get("allocated_bytes") is None:
@@ -207,7 +208,8 @@ def _gpu_lines(memory: Any, settings: Any) -> list[str]:
                 + (f" of {fmt_bytes(cap)}" if cap else "")
                 + (f", {memory['alloc_retries']} allocation retries" if memory.get("alloc_retries") else "")
             )
-    if isinstance(settings, Mapping):
+    # GPU settings only matter to a training on a GPU (the JSON report has them always)
+    if isinstance(settings, Mapping) and isinstance(memory, Mapping) and memory.get("allocated_bytes") is not None:
         shown = [f"{k}={v}" for k, v in settings.items() if v is not None]
         lines.append("  GPU settings: " + (", ".join(shown) if shown else "none read"))
     return lines

@@ -35,7 +35,7 @@ from torchwatch.model.units import amp_words
 
 HISTORY_S = 180.0  # seconds of readings behind the trends ("the last minutes")
 NO_HOOK = "no hook in the process: start the training with torchwatch run"
-NO_CUDA = "the training has not initialised CUDA; the hook never creates a CUDA context"
+NO_CUDA = "the training has not initialised CUDA"  # and the hook never creates a context (hook/gpu.py)
 NO_HOOK_MEMORY = "no hook in the process: device memory comes from the in-process hook"
 NOT_PUBLISHED = "the hook has not published device memory"
 
