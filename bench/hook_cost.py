@@ -1,9 +1,10 @@
 """What the in-process hook costs the training: per-call cost, steps/s with vs without, burst cost.
 
-Three tables, printed; ``--json PATH`` writes them too. Rerun:
+Four tables, printed; ``--json PATH`` writes them too. Rerun:
 
     python bench/hook_cost.py [--pairs 5] [--seconds 15] [--demos cpu_bound,dataloader_bound] [--bursts 5]
     python bench/hook_cost.py --demos '' --bursts 0      (the per-call table alone: a few seconds)
+    python bench/hook_cost.py --device-memory-only
 
 1. Per call: the optimizer step hook, the DataLoader ``__next__`` wrapper, the
    ``torch.autograd.backward`` wrapper (with optimizer steps, and as the step boundary of a loop
@@ -15,6 +16,9 @@ Three tables, printed; ``--json PATH`` writes them too. Rerun:
 3. Bursts on ``demo/dataloader_bound.py``: extra wall time per burst (the burst's steps minus as
    many normal steps), trace bytes (raw and gzip), summary seconds (off the main thread), and
    the training's RSS before the first and after the last burst.
+4. Device memory and GPU settings read at step boundaries (``--device-memory-only`` prints just
+   this): the step hook with the reads off vs on, and the cost of one read without and with CUDA
+   initialised (see :func:`device_memory_us`).
 """
 
 from __future__ import annotations
@@ -132,6 +136,104 @@ def _collective_us(tmp: Path, rounds: int, calls: int) -> float:
         dist.destroy_process_group()
 
 
+def _nested_memory_stats() -> dict[str, Any]:
+    """A nested dict in the shape ``torch._C._cuda_memoryStats`` returns (FABRICATED values: no GPU
+    here): every stat type x pool x (current, peak, allocated, freed), and the scalar counters."""
+    pools = {p: {"current": 2**33, "peak": 2**34, "allocated": 2**40, "freed": 2**40 - 2**33} for p in
+             ("all", "large_pool", "small_pool")}  # fmt: skip
+    stats: dict[str, Any] = {
+        name: pools
+        for name in (
+            "allocation",
+            "segment",
+            "active",
+            "inactive_split",
+            "allocated_bytes",
+            "reserved_bytes",
+            "active_bytes",
+            "inactive_split_bytes",
+            "requested_bytes",
+        )
+    }
+    stats["oversize_allocations"] = stats["oversize_segments"] = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+    for name in ("num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams", "num_device_alloc",
+                 "num_device_free"):  # fmt: skip
+        stats[name] = 0
+    return stats
+
+
+def device_memory_us(rounds: int = 5, calls: int = 20_000) -> dict[str, float]:
+    """What reading device memory and GPU settings adds to the optimizer step hook, us.
+
+    - ``step_hook_off_us`` / ``step_hook_on_us``: one step-hook call with the GPU reads disabled /
+      enabled but not due (the rate-limit check alone: what most steps pay);
+    - ``read_no_cuda_us``: one read in this CPU-only process (settings; CUDA not initialised, so
+      no memory read);
+    - ``read_cuda_us``: one read as in a training that initialised CUDA: the real
+      ``torch.cuda.memory_stats_as_nested_dict`` returning a nested dict of the real shape
+      (FABRICATED values: the C++ copy of the allocator's counters, a few microseconds, is not
+      timed here), plus the settings; ``memory_stats_cuda_us``: the same through the flattening
+      ``torch.cuda.memory_stats`` (what the hook avoids).
+      Reads happen at most every :data:`torchwatch.hook.gpu.SAMPLE_EVERY_S`.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        from torchwatch.hook import gpu, runtime
+
+        hook = runtime.start(12, (), Path(tmp))
+        import torch
+        import torch.cuda.memory as cuda_memory
+
+        if hook.torch is None:
+            hook.on_torch(torch)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+        def per_call(fn: Any) -> float:
+            times = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times.append((time.perf_counter() - t0) / calls * 1e6)
+            return statistics.median(times)
+
+        watch = hook.gpu
+        real_due = watch.due
+        watch.due = lambda now: False  # type: ignore[method-assign]
+        off = per_call(lambda: hook._on_step(opt, (), {}))
+        watch.due = real_due  # type: ignore[method-assign]
+        watch.sample(torch, opt, time.monotonic())  # the next read is 0.5 s away: the calls below only check
+        on = per_call(lambda: hook._on_step(opt, (), {}))
+        no_cuda = per_call(lambda: gpu.GpuWatch().sample(torch, opt, 0.0))
+        nested = _nested_memory_stats()
+        saved = {name: getattr(torch.cuda, name) for name in ("is_initialized", "current_device", "device_count",
+                                                               "get_device_properties")}  # fmt: skip
+        saved_nested = cuda_memory.memory_stats_as_nested_dict
+        try:
+            props = type("Props", (), {"total_memory": 80 << 30})()
+            torch.cuda.is_initialized = lambda: True  # type: ignore[assignment]
+            torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
+            torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
+            torch.cuda.get_device_properties = lambda device=None: props  # type: ignore[assignment]
+            for module in (torch.cuda, cuda_memory):  # the hook's name, and memory_stats's own
+                module.memory_stats_as_nested_dict = lambda device=None: nested  # type: ignore[attr-defined]
+            fake = gpu.GpuWatch()
+            assert fake.sample(torch, opt, 0.0) and fake.memory is not None, "the fake CUDA read nothing"
+            cuda = per_call(lambda: fake.sample(torch, opt, 0.0))
+            flat = per_call(lambda: torch.cuda.memory_stats(0))
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.cuda, name, fn)
+            torch.cuda.memory_stats_as_nested_dict = cuda_memory.memory_stats_as_nested_dict = saved_nested
+        hook.close()
+    return {
+        "step_hook_off_us": off,
+        "step_hook_on_us": on,
+        "read_no_cuda_us": no_cuda,
+        "read_cuda_us": cuda,
+        "memory_stats_cuda_us": flat,
+    }
+
+
 def run_demo(demo: str, seconds: float, hooked: bool) -> float:
     """Steps/s of one demo run, with or without the hook pre-loaded."""
     cmd = [sys.executable, str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(seconds)]
@@ -197,8 +299,29 @@ def main() -> int:
     parser.add_argument("--demos", default="cpu_bound,dataloader_bound")
     parser.add_argument("--bursts", type=int, default=5)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--device-memory-only", action="store_true", help="only table 4 (fast)")
     args = parser.parse_args()
     result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+
+    dm = device_memory_us(rounds=3 if args.device_memory_only else 5, calls=5_000)
+    result["device_memory"] = dm
+    from torchwatch.hook.gpu import SAMPLE_EVERY_S
+
+    print(
+        f"device memory + GPU settings: step hook {dm['step_hook_off_us']:.2f} us with the reads off, "
+        f"{dm['step_hook_on_us']:.2f} us on (no read due); one read {dm['read_no_cuda_us']:.1f} us without CUDA, "
+        f"{dm['read_cuda_us']:.1f} us with CUDA initialised (fake CUDA surface; torch.cuda.memory_stats "
+        f"would take {dm['memory_stats_cuda_us']:.1f} us); at most one read per {SAMPLE_EVERY_S:g} s, so with CUDA: "
+        + ", ".join(
+            f"{dm['read_cuda_us'] * min(1.0, step / SAMPLE_EVERY_S):.2f} us per {step * 1000:g} ms step"
+            f" ({dm['read_cuda_us'] * min(1.0, step / SAMPLE_EVERY_S) / (step * 1e6):.4%})"
+            for step in (0.01, 0.1, 1.0)
+        )
+    )
+    if args.device_memory_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+        return 0
 
     calls = per_call_us()
     result["per_call"] = calls

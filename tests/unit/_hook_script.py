@@ -36,6 +36,41 @@ def worker_probe(worker_id: int) -> None:
         )
 
 
+def _fake_cuda(calls: list[str], initialised: bool) -> None:
+    """A recorded-shape ``torch.cuda`` surface (FABRICATED: no GPU here) that logs each call.
+
+    Two devices: the training allocates on device 0 only (80 GiB, the capacity of an H100 SXM);
+    ``memory_stats_as_nested_dict`` returns the keys ``torch.cuda.memory_stats`` documents (nested),
+    allocated moving by 1 GiB a call so that the hook has something to republish.
+    """
+    gib = 1 << 30
+    reads = [0]
+
+    def log(name: str, value: object) -> object:
+        calls.append(name)
+        return value
+
+    def memory_stats(device: int = 0) -> dict:
+        calls.append("memory_stats")
+        if device != 0:
+            return {"allocated_bytes": {"all": {"current": 0, "peak": 0}}, "reserved_bytes": {"all": {"current": 0}}}
+        reads[0] += 1
+        return {
+            "allocated_bytes": {"all": {"current": (2 + reads[0] % 4) * gib, "peak": 9 * gib}},
+            "reserved_bytes": {"all": {"current": 12 * gib, "peak": 12 * gib}},
+            "num_alloc_retries": 0,
+        }
+
+    class Props:
+        total_memory = 80 * gib
+
+    torch.cuda.is_initialized = lambda: initialised  # type: ignore[assignment]
+    torch.cuda.memory_stats_as_nested_dict = memory_stats  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: log("current_device", 0)  # type: ignore[assignment]
+    torch.cuda.device_count = lambda: log("device_count", 2)  # type: ignore[assignment]
+    torch.cuda.get_device_properties = lambda d=0: log("get_device_properties", Props())  # type: ignore[assignment]
+
+
 def state() -> dict:
     hook = runtime.current()
     assert hook is not None
@@ -75,6 +110,11 @@ def main() -> None:
                     break
         return n
 
+    cuda_calls: list[str] = []
+    if MODE == "fake_cuda":
+        _fake_cuda(cuda_calls, initialised=os.environ.get("FAKE_CUDA_INIT") == "1")
+        torch.set_float32_matmul_precision("high")
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
     train(0.5)
     if MODE == "burst":
         os.kill(os.getpid(), hook.signum if hook else signal.SIGUSR2)
@@ -150,6 +190,7 @@ def main() -> None:
         out["in_next_since_after_epoch"] = None if after is None else after.in_next_since
     else:
         train(1.0)
+    out["cuda_calls"] = sorted(set(cuda_calls))
     snap = HookReader(os.getpid(), hook.dir).counters() if hook else None
     out["state"] = state() if hook else None
     out["counters"] = (

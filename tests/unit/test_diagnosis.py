@@ -57,6 +57,12 @@ _HOST_WAIT: dict[str, Any] = {
 # None makes it not applicable (set on top of the firing values).
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "gpu-memory-pressure": ({"gpu_mem_ratio": 0.95}, {"gpu_mem_ratio": 0.5}, "gpu_mem_ratio"),
+    # FABRICATED (no GPU lent): a hook reading of an 80 GiB device, 76 GiB reserved, 40 GiB peak
+    "gpu-memory-fragmentation": (
+        {"cuda_mem_unused_reserved_bytes": 36.0 * 2**30, "cuda_mem_unused_reserved_share": 36 / 76},
+        {"cuda_mem_unused_reserved_bytes": 0.5 * 2**30, "cuda_mem_unused_reserved_share": 0.5 / 76},
+        "cuda_mem_unused_reserved_bytes",  # no hook, or CUDA not initialised
+    ),
     "gpu-saturated": (
         {"gpu_util_mean": 97.0, "data_wait_share": 0.05, "gpu_sm_active_mean": 0.92},
         {"gpu_util_mean": 97.0, "data_wait_share": 0.5, "gpu_sm_active_mean": 0.92},

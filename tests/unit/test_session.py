@@ -7,9 +7,11 @@ import os
 import pytest
 
 from tests.unit import nvml_replay
+from tests.unit.hookrecords import hook_record
 from torchwatch.analysis.rules_engine import load_rules
-from torchwatch.model.readings import SourceStatus, Status
+from torchwatch.model.readings import HookState, SourceStatus, Status
 from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, PROC_NOT_TREE, NvmlSource
+from torchwatch.watch.observe import NO_CUDA, NO_HOOK_MEMORY
 from torchwatch.watch.session import Session, SessionOptions
 
 
@@ -84,3 +86,12 @@ def test_store_window_copies_only_the_kinds_asked_for() -> None:
     assert len(store.window(0.0, 2.0).hook) == 1
     assert store.window(0.0, 2.0, kinds=("processes",)).hook == []
     assert len(store.window(0.0, 2.0, kinds=("hook",)).hook) == 1
+
+
+def test_missing_device_memory_says_why_from_the_hooks_record(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(session.tree, "mains", lambda: [7])
+    assert session.why_missing("cuda_mem_unused_reserved_bytes") == NO_HOOK_MEMORY
+    session.store.add([HookState(1.0, 7, 0, 0, 0.0, 0.0, record=hook_record(7, cuda_initialized=False))])
+    assert session.why_missing("cuda_mem_peak_ratio") == NO_CUDA

@@ -431,9 +431,8 @@ def test_memory_panel_shows_the_allocator_the_hook_publishes_and_why_not() -> No
         await pilot.press("6")
         assert app.query_one(TabbedContent).active == "memory"
         assert "device used 11.7 GiB / 37.3 GiB (NVML)" in device_text(app)
-        assert "allocator n/a (the hook publishes device memory only when the training initialised CUDA)" in (
-            device_text(app)
-        )
+        assert "allocator n/a (the training has not initialised CUDA)" in device_text(app)
+        assert not app.query_one("#memory-alloc").display  # no allocator reading: no empty trend
         _with_device_memory(session, cuda=True, memory=None)
         app.refresh_view()
         await pilot.pause()
@@ -443,15 +442,35 @@ def test_memory_panel_shows_the_allocator_the_hook_publishes_and_why_not() -> No
         app.refresh_view()
         await pilot.pause()
         assert "allocator 9.0 GiB allocated / 10.0 GiB reserved (peak 9.5 GiB)" in device_text(app)
+        # FABRICATED recorded-shape reading (no GPU lent): the hook also gives the device's capacity
+        for i, allocated in enumerate((9, 30, 70)):
+            memory = {
+                **memory,
+                **{"allocated_bytes": allocated * gib, "reserved_bytes": 74 * gib, "peak_bytes": 72 * gib},
+                **{"capacity_bytes": 80 * gib, "alloc_retries": 2, "t": 100.0 + i},
+            }
+            _with_device_memory(session, cuda=True, memory=memory)
+            assert session.analysis is not None  # one trend point per analysis tick
+            session.analysis = dataclasses.replace(session.analysis, t=session.analysis.t + 1.0)
+            app.refresh_view()
+            await pilot.pause()
+        text = device_text(app)
+        assert "allocator 70.0 GiB allocated / 74.0 GiB reserved (peak 72.0 GiB) of 80.0 GiB on cuda:0" in text
+        assert "(92% at most)" in text and "2 allocation retries" in text
+        trend = app.query_one("#memory-alloc")
+        assert trend.display and trend.data[-2:] == (30 * gib, 70 * gib)  # type: ignore[attr-defined]
 
     run(session, check, size=(120, 30))
     data = report.build(session.observe())
-    assert data["hook"]["device_memory"] == {
-        "allocated_bytes": 9 * gib,
-        "reserved_bytes": 10 * gib,
-        "peak_bytes": 19 * gib // 2,
+    mem = data["hook"]["device_memory"]
+    assert {k: mem[k] for k in ("allocated_bytes", "reserved_bytes", "peak_bytes", "why")} == {
+        "allocated_bytes": 70 * gib,
+        "reserved_bytes": 74 * gib,
+        "peak_bytes": 72 * gib,
         "why": None,
     }
+    assert (mem["capacity_bytes"], mem["alloc_retries"], mem["device"]) == (80 * gib, 2, 0)
+    assert mem["allocated_series"][-2:] == [30 * gib, 70 * gib]
 
 
 def test_memory_panel_without_a_hook_says_so() -> None:

@@ -28,6 +28,7 @@ from torchwatch.analysis.rules_engine import Rule, fill
 from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
 from torchwatch.model.labels import PRIORITY as _PRIORITY
+from torchwatch.model.units import human_bytes
 
 __all__ = ["Analysis", "Diagnoser", "Finding", "Fix", "NotApplicable", "Verdict", "template_values"]
 
@@ -43,9 +44,16 @@ class Analysis:
     verdict: Verdict = field(default_factory=lambda: Verdict("undetermined", 0.0, "Collecting evidence."))
 
 
-def template_values(features: Features) -> dict[str, Any]:
-    """Features plus the derived values fix templates may use (:data:`rules_engine.TEMPLATE_VALUES`)."""
+def template_values(features: Features, texts: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Features plus the derived values fix templates may use (:data:`rules_engine.TEMPLATE_VALUES`).
+
+    Args:
+        features: ``{name: value}`` of the window. texts: settings read verbatim by the hook
+            (:func:`features.texts`); a text not given prints as ``unknown (not read by the hook)``.
+    """
     values: dict[str, Any] = dict(features)
+    for name in ("optimizer_state", "alloc_conf_state"):
+        values[name] = (texts or {}).get(name, "unknown (not read by the hook)")
     cpus = features.get("usable_cpus")
     values["suggested_workers"] = suggested_workers(cpus) if cpus else None
     alive, wcpu = features.get("worker_count"), features.get("workers_cpu_pct")
@@ -57,10 +65,28 @@ def template_values(features: Features) -> dict[str, Any]:
     values["loader_settings"] = _loader_settings(features)
     amp = features.get("amp_enabled")
     values["amp_state"] = "unknown (no hook)" if amp is None else ("autocast on" if amp else "no autocast seen")
+    values["memory_pressure_state"] = _memory_pressure(features)
     batch, workers = features.get("dl_batch_bytes"), features.get("dl_num_workers")
     prefetch = features.get("dl_prefetch_factor") or 2.0
     values["shm_needed_bytes"] = workers * prefetch * batch if batch is not None and workers else None
     return values
+
+
+def _memory_pressure(f: Features) -> str:
+    """The device memory readings behind ``gpu-memory-pressure``, as one phrase."""
+    nvml = f.get("gpu_mem_ratio")
+    nvml_text = None if nvml is None else f"NVML: {nvml:.0%} of the device in use"
+    ratio, cap = f.get("cuda_mem_peak_ratio"), f.get("cuda_mem_capacity_bytes")
+    if ratio is None or cap is None:
+        return nvml_text or "n/a"
+    text = (
+        f"the allocator's peak {human_bytes(f.get('cuda_mem_peak_bytes') or 0)} and reserved"
+        f" {human_bytes(f.get('cuda_mem_reserved_bytes') or 0)} reach {ratio:.0%} of the device's {human_bytes(cap)}"
+    )
+    retries = f.get("cuda_alloc_retries")
+    if retries:
+        text += f", {retries:.0f} allocation retries in the window"
+    return text + (f" ({nvml_text})" if nvml_text else "")
 
 
 def _loader_settings(f: Features) -> str:
@@ -102,10 +128,11 @@ class Diagnoser:
         self._firing: set[str] = set()
         self._last: Verdict | None = None
 
-    def evaluate(self, features: Features, now: float) -> Analysis:
-        """Evaluate every rule on ``features`` taken at ``now`` (monotonic seconds)."""
+    def evaluate(self, features: Features, now: float, texts: Mapping[str, str] | None = None) -> Analysis:
+        """Evaluate every rule on ``features`` taken at ``now`` (monotonic seconds); ``texts``:
+        settings fixes quote verbatim (see :func:`template_values`)."""
         analysis = Analysis(t=now, features=features)
-        values = template_values(features)
+        values = template_values(features, texts)
         for rule in self.rules:
             try:
                 holds = bool(rule.when.evaluate(values))

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from torchwatch.analysis import stacks
 from torchwatch.analysis.store import Window
+from torchwatch.hook.wire import GpuSettings
 from torchwatch.model.observation import FeatureSpec
 from torchwatch.model.readings import GpuSample, HookState, Role, ThreadSample, Wait
 
@@ -161,6 +162,60 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("dl_batch_bytes", "bytes", "hook", "bytes of tensors in one batch (its first)"),
     ("amp_enabled", "flag", "hook", "autocast seen enabled in the training (1 = yes)"),
     ("shm_bytes", "bytes", "hook", "size of /dev/shm, where DataLoader workers pass batches"),
+    (
+        "cuda_mem_allocated_bytes",
+        "bytes",
+        "hook",
+        "device memory in tensors at the last step boundary (torch.cuda.memory_allocated, current device)",
+    ),
+    ("cuda_mem_reserved_bytes", "bytes", "hook", "most device memory the caching allocator held in the window"),
+    ("cuda_mem_peak_bytes", "bytes", "hook", "most device memory ever in tensors (torch.cuda.max_memory_allocated)"),
+    ("cuda_mem_capacity_bytes", "bytes", "hook", "the device's memory (get_device_properties().total_memory)"),
+    (
+        "cuda_mem_peak_ratio",
+        "share",
+        "hook",
+        "max(peak allocated, reserved) / capacity in the window: how close the training comes to an out-of-memory",
+    ),
+    (
+        "cuda_mem_unused_reserved_bytes",
+        "bytes",
+        "hook",
+        "reserved - peak allocated, least in the window: cache the training never needed at once (fragmentation)",
+    ),
+    ("cuda_mem_unused_reserved_share", "share", "hook", "that cache / reserved"),
+    (
+        "cuda_alloc_retries",
+        "count",
+        "hook",
+        "cudaMalloc failures in the window retried after freeing the whole cache (each synchronises the device)",
+    ),
+    (
+        "tf32_matmul",
+        "flag",
+        "hook",
+        "float32 matmuls may use TF32 (float32_matmul_precision high/medium or matmul.allow_tf32; 1 = yes)",
+    ),
+    ("cudnn_benchmark", "flag", "hook", "torch.backends.cudnn.benchmark as set (1 = True)"),
+    ("model_compiled", "flag", "hook", "torch.compile compiled a graph in the training (1 = yes)"),
+    (
+        "optimizer_fused",
+        "flag",
+        "hook",
+        "the optimizer was built with fused=True (1) or not (0: False or left to torch)",
+    ),
+    (
+        "optimizer_foreach",
+        "flag",
+        "hook",
+        "the optimizer was built with foreach=True (1) or not (0: False or left to torch)",
+    ),
+    (
+        "alloc_expandable_segments",
+        "flag",
+        "hook",
+        "PYTORCH_CUDA_ALLOC_CONF in the training has expandable_segments:True (1) or not (0)",
+    ),
     ("burst_age_s", "s", "burst", "seconds since the last profiler burst started"),
     ("burst_dataloader_share", "share", "burst", "last burst: step time in DataLoader (TensorBoard plugin priority)"),
     ("burst_cpu_exec_share", "share", "burst", "last burst: step time in host operators not covered by device work"),
@@ -596,6 +651,8 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
     if rec.torch:
         out["amp_enabled"] = float(rec.amp.autocast)
     out["shm_bytes"] = _num(rec.shm_bytes)
+    out.update(_device_memory_features(reads))
+    out.update(_gpu_setting_features(rec.gpu_settings))
     lb = rec.burst.last if rec.burst is not None else None
     if lb is not None and lb.error is None and lb.breakdown_share:
         share = dict(lb.breakdown_share)
@@ -615,6 +672,85 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
         out["burst_pageable_h2d_bytes_per_step"] = lb.pageable_h2d_bytes_per_step
         copy_ms, step_ms = lb.pageable_h2d_ms_per_step, lb.step_time_ms
         out["burst_pageable_h2d_share"] = None if copy_ms is None or not step_ms else min(1.0, copy_ms / step_ms)
+    return out
+
+
+def _device_memory_features(reads: Sequence[HookState]) -> Features:
+    """The caching allocator of the training's current device over the window (hook readings).
+
+    The hook reads at optimizer steps, when the step's activations are freed: ``allocated`` is
+    then at its lowest and ``reserved - allocated`` is mostly cache the next forward reuses, not
+    waste. The waste is what the training never needed at once: ``reserved - peak allocated``
+    (what PyTorch's out-of-memory message calls "reserved by PyTorch but unallocated"). Taking
+    its least value over the window keeps a one-read spike from counting.
+    """
+    mems = [r.record.device_memory for r in reads if r.record is not None and r.record.device_memory is not None]
+    if not mems:
+        return {}
+    last = mems[-1]
+    cap = last.capacity_bytes
+    reserved = max(m.reserved_bytes for m in mems)
+    peak = max(m.peak_bytes if m.peak_bytes is not None else m.allocated_bytes for m in mems)
+    unused = min(max(0, m.reserved_bytes - (m.peak_bytes or m.allocated_bytes)) for m in mems)
+    retries = [m.alloc_retries for m in mems if m.alloc_retries is not None]
+    return {
+        "cuda_mem_allocated_bytes": float(last.allocated_bytes),
+        "cuda_mem_reserved_bytes": float(reserved),
+        "cuda_mem_peak_bytes": float(peak),
+        "cuda_mem_capacity_bytes": _num(cap),
+        "cuda_mem_peak_ratio": max(peak, reserved) / cap if cap else None,
+        "cuda_mem_unused_reserved_bytes": float(unused),
+        "cuda_mem_unused_reserved_share": unused / last.reserved_bytes if last.reserved_bytes else None,
+        # hook.json is rewritten when the count grows, so the window's first and last reads bound it
+        "cuda_alloc_retries": float(retries[-1] - retries[0]) if retries else None,
+    }
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _gpu_setting_features(settings: GpuSettings | None) -> Features:
+    """The GPU settings the hook read, as flags (``None``: not read, never guessed)."""
+    if settings is None:
+        return {}
+    precision = settings.float32_matmul_precision
+    tf32 = None
+    if precision is not None or settings.matmul_allow_tf32 is not None:
+        tf32 = float(precision in ("high", "medium") or bool(settings.matmul_allow_tf32))
+    conf = settings.alloc_conf
+    optimizer = settings.optimizer is not None
+    return {
+        "tf32_matmul": tf32,
+        "cudnn_benchmark": _flag(settings.cudnn_benchmark),
+        "model_compiled": _flag(settings.compiled),
+        "optimizer_fused": float(bool(settings.optimizer_fused)) if optimizer else None,
+        "optimizer_foreach": float(bool(settings.optimizer_foreach)) if optimizer else None,
+        "alloc_expandable_segments": float("expandable_segments:true" in (conf or "").replace(" ", "").lower()),
+    }
+
+
+def texts(window: Window, main_pid: int | None) -> dict[str, str]:
+    """Settings fix templates quote verbatim, as the training's hook read them (none: no hook).
+
+    Returns:
+        ``optimizer_state`` (``AdamW(foreach=None, fused=None)``: ``None`` = left to torch) and
+        ``alloc_conf_state`` (``PYTORCH_CUDA_ALLOC_CONF='...'`` or ``PYTORCH_CUDA_ALLOC_CONF is not set``),
+        each only when read.
+    """
+    reads = [h for h in window.hook if (main_pid is None or h.pid == main_pid) and h.record is not None]
+    settings = reads[-1].record.gpu_settings if reads and reads[-1].record is not None else None
+    if settings is None:
+        return {}
+    out = {
+        "alloc_conf_state": "PYTORCH_CUDA_ALLOC_CONF is not set"
+        if settings.alloc_conf is None
+        else f"PYTORCH_CUDA_ALLOC_CONF={settings.alloc_conf!r}"
+    }
+    if settings.optimizer is not None:
+        out["optimizer_state"] = (
+            f"{settings.optimizer}(foreach={settings.optimizer_foreach}, fused={settings.optimizer_fused})"
+        )
     return out
 
 

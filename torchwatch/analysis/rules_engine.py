@@ -52,6 +52,9 @@ TEMPLATE_VALUES = {
     "loader_settings": "text: the DataLoader's settings as set, e.g. 'num_workers=0, batch_size=32, pin_memory=False'",
     "amp_state": "text: 'bf16 autocast on', 'no autocast seen' or 'unknown (no hook)'",
     "shm_needed_bytes": "bytes in flight through /dev/shm: num_workers x prefetch_factor x batch bytes",
+    "memory_pressure_state": "text: allocator peak and reserved / device capacity, NVML share",
+    "optimizer_state": "text: the optimizer as built, e.g. 'AdamW(foreach=None, fused=None)' (None: left to torch)",
+    "alloc_conf_state": "text: \"PYTORCH_CUDA_ALLOC_CONF='...'\" or 'PYTORCH_CUDA_ALLOC_CONF is not set'",
 }
 _KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes"}
 _FIX_KEYS = {"title", "detail", "when"}

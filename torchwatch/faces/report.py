@@ -22,7 +22,7 @@ from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.findings import Verdict
 from torchwatch.model.observation import Observation
 from torchwatch.model.readings import SourceStatus
-from torchwatch.model.units import amp_words, fmt_ms, fmt_share, fmt_value
+from torchwatch.model.units import amp_words, fmt_bytes, fmt_ms, fmt_share, fmt_value
 
 SCHEMA = "torchwatch.report/1"
 ENDINGS = {
@@ -99,7 +99,10 @@ def hook_json(obs: Observation) -> dict[str, Any] | None:
     ``dataloaders``, ``usable_cpus``, ``shm_bytes``, ``amp``, ``cuda_initialized``, ``signal``,
     ``signal_owned``, ``burst`` (``state``, ``mode``, ``count``, ``last_refusal``), ``last_burst``
     (the burst summary, or ``{"id", "error", ...}``), ``errors``; added: ``device_memory``
-    (``allocated_bytes``, ``reserved_bytes``, ``peak_bytes``, ``why``).
+    (``allocated_bytes``, ``reserved_bytes``, ``peak_bytes``, ``why``, and added: ``device``,
+    ``capacity_bytes``, ``alloc_retries``, ``devices``, ``allocated_series``, ``reserved_series``),
+    ``gpu_settings`` (TF32, cuDNN, compile, optimizer ``foreach``/``fused``, ``alloc_conf``, as
+    the hook read them; ``None``: not read).
     """
     rank = obs.focus
     steps, burst = rank.steps, rank.burst
@@ -134,6 +137,7 @@ def hook_json(obs: Observation) -> dict[str, Any] | None:
         "last_burst": burst.last.to_json() if burst.last else None,
         "errors": list(steps.errors),
         "device_memory": asdict(rank.device_memory),
+        "gpu_settings": rank.gpu_settings.to_json() if rank.gpu_settings else None,
     }
 
 
@@ -182,6 +186,7 @@ def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
             bool(amp.get("autocast")), amp.get("dtype"), amp.get("device_type"), bool(amp.get("grad_scaler"))
         )
         lines.append(f"  AMP: {words}")
+    lines += _gpu_lines(hook.get("device_memory"), hook.get("gpu_settings"))
     last = hook.get("last_burst")
     if isinstance(last, Mapping):
         try:
@@ -190,6 +195,28 @@ def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
             lines.append(f"  last burst: unreadable ({exc})")
     for err in hook.get("errors") or []:
         lines.append(f"  hook error: {err}")
+    return lines
+
+
+def _gpu_lines(memory: Any, settings: Any) -> list[str]:
+    """The hook's device memory (or why it is not known) and, in a training that uses CUDA, the
+    GPU settings it read."""
+    lines: list[str] = []
+    if isinstance(memory, Mapping):
+        if memory.get("allocated_bytes") is None:
+            lines.append(f"  device memory: n/a: {memory.get('why') or 'not published'}")
+        else:
+            cap = memory.get("capacity_bytes")
+            lines.append(
+                f"  device memory (cuda:{memory.get('device')}): {fmt_bytes(memory.get('allocated_bytes'))} allocated"
+                f" / {fmt_bytes(memory.get('reserved_bytes'))} reserved, peak {fmt_bytes(memory.get('peak_bytes'))}"
+                + (f" of {fmt_bytes(cap)}" if cap else "")
+                + (f", {memory['alloc_retries']} allocation retries" if memory.get("alloc_retries") else "")
+            )
+    # GPU settings only matter to a training on a GPU (the JSON report has them always)
+    if isinstance(settings, Mapping) and isinstance(memory, Mapping) and memory.get("allocated_bytes") is not None:
+        shown = [f"{k}={v}" for k, v in settings.items() if v is not None]
+        lines.append("  GPU settings: " + (", ".join(shown) if shown else "none read"))
     return lines
 
 

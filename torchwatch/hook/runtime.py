@@ -15,7 +15,9 @@ What runs on the training's hot path, and its cost (measured by ``bench/hook_cos
   boundaries to loops without ``torch.optim`` (manual SGD): :data:`STEP_SOURCE_RULE`;
 - wrappers around the blocking ``torch.distributed`` collectives (:data:`COLLECTIVES`) and
   ``Work.wait()``: two clock reads and two counter updates per call of the main thread outside
-  backward.
+  backward;
+- at most every 0.5 s, at a step boundary: the GPU settings and, once the training has
+  initialised CUDA, its device memory (:mod:`torchwatch.hook.gpu`).
 
 Everything else (``hook.json`` rewrites, burst summaries) happens on rare events or in a
 background thread. Every entry point catches its own errors and records them in the state:
@@ -43,6 +45,7 @@ from typing import Any
 
 from torchwatch.hook import publish, ranks, wire
 from torchwatch.hook.burst import Burster, BurstParams
+from torchwatch.hook.gpu import GpuWatch
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
@@ -255,6 +258,7 @@ class Hook:
         self.errors: list[str] = []
         self.loaders: dict[int, _LoaderRecord] = {}
         self.amp = wire.AmpInfo()
+        self.gpu = GpuWatch()
         self.signal_owned = False
         self.usable_cpus: float | None = None
         self.shm_bytes: int | None = None
@@ -633,6 +637,12 @@ class Hook:
             # a torch.multiprocessing.spawn rank knows its index only once its function runs
             self._identity_refreshed = True
             self.publish()
+        if self.gpu.due(now):
+            optimizer = self._step_opt() if self._step_opt is not None else None
+            if self.gpu.sample(self.torch, optimizer, now):
+                if self.gpu.error:
+                    self.error(self.gpu.error)
+                self.publish()
 
     def _set_step_source(self, source: str) -> None:
         self.step_source = source
@@ -844,6 +854,9 @@ class Hook:
             step_source=self.step_source,
             rank=self.identity.info(self.torch),
             spawned_ranks=tuple(self.spawned_ranks[: wire.MAX_SPAWNED]),
+            device_memory=self.gpu.memory,
+            devices=self.gpu.devices,
+            gpu_settings=self.gpu.settings,
         )
 
     def _rank(self) -> int | None:

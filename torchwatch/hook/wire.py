@@ -51,6 +51,7 @@ __all__ = [
     "BurstState",
     "CounterSnapshot",
     "DeviceMemory",
+    "GpuSettings",
     "HookRecord",
     "Instance",
     "LoaderInfo",
@@ -692,17 +693,31 @@ class BurstState:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """The CUDA caching allocator of the training's current device, as the hook read it
-    (``torch.cuda.memory_allocated`` / ``memory_reserved`` / ``max_memory_allocated``), bytes.
+    """The CUDA caching allocator of one device of the training, as the hook read it
+    (``torch.cuda.memory_stats``: ``allocated_bytes.all.current``, ``reserved_bytes.all.current``,
+    ``allocated_bytes.all.peak``, ``num_alloc_retries``), bytes.
 
     Optional in ``hook.json``: the hook writes it only once the training has initialised CUDA
     (it never creates a CUDA context itself).
+
+    Attributes:
+        device: the CUDA device index (in the training's ``CUDA_VISIBLE_DEVICES`` numbering).
+        allocated_bytes / reserved_bytes: memory in tensors / held by the caching allocator now.
+        peak_bytes: the most ever allocated in tensors (``max_memory_allocated``: since the
+            process started, or since the training last reset it).
+        capacity_bytes: the device's memory (``get_device_properties().total_memory``); added.
+        alloc_retries: ``cudaMalloc`` calls that failed and were retried after freeing the
+            allocator's cache (each one synchronises the device); added.
+        t: when the hook read them, monotonic s; added.
     """
 
     device: int
     allocated_bytes: int
     reserved_bytes: int
     peak_bytes: int | None = None
+    capacity_bytes: int | None = None
+    alloc_retries: int | None = None
+    t: float | None = None
 
     @classmethod
     def decode(cls, value: object, where: str) -> DeviceMemory:
@@ -713,6 +728,58 @@ class DeviceMemory:
             o.integer("allocated_bytes", 0, _U63),
             o.integer("reserved_bytes", 0, _U63),
             o.integer("peak_bytes", 0, _U63, optional=True),
+            o.integer("capacity_bytes", 0, _U63, optional=True),
+            o.integer("alloc_retries", 0, _U63, optional=True),
+            o.number("t", 0.0, _TIME_MAX, optional=True),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (the added fields only when known, so older readers see what they did)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None or k == "peak_bytes"}
+
+
+FLOAT32_PRECISIONS = ("highest", "high", "medium")
+MAX_DEVICES = 16  # devices listed per process (an 8- or 16-GPU node)
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """Settings a GPU fix quotes, as the hook read them in the training (``None``: not read).
+
+    Attributes:
+        float32_matmul_precision: ``torch.get_float32_matmul_precision()`` (``highest`` = no TF32).
+        matmul_allow_tf32: ``torch.backends.cuda.matmul.allow_tf32``.
+        cudnn_allow_tf32 / cudnn_benchmark: ``torch.backends.cudnn.allow_tf32`` / ``.benchmark``.
+        compiled: ``torch._dynamo`` has compiled at least one graph in this process.
+        optimizer: the stepped optimizer's class name; optimizer_foreach / optimizer_fused: its
+            ``foreach`` / ``fused`` as set (``None`` in the defaults: torch picks).
+        alloc_conf: the training's ``PYTORCH_CUDA_ALLOC_CONF`` (``None``: not set).
+    """
+
+    float32_matmul_precision: str | None = None
+    matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    cudnn_benchmark: bool | None = None
+    compiled: bool | None = None
+    optimizer: str | None = None
+    optimizer_foreach: bool | None = None
+    optimizer_fused: bool | None = None
+    alloc_conf: str | None = None
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> GpuSettings:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            o.text("float32_matmul_precision", 16, optional=True, choices=FLOAT32_PRECISIONS),
+            o.flag("matmul_allow_tf32", optional=True),
+            o.flag("cudnn_allow_tf32", optional=True),
+            o.flag("cudnn_benchmark", optional=True),
+            o.flag("compiled", optional=True),
+            o.text("optimizer", 64, optional=True),
+            o.flag("optimizer_foreach", optional=True),
+            o.flag("optimizer_fused", optional=True),
+            o.text("alloc_conf", TEXT, optional=True),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -804,6 +871,10 @@ class HookRecord:
         rank: the process's place in a distributed job (``None``: no sign of one).
         spawned_ranks: PIDs (in this process's namespace) of the ranks its
             ``torch.multiprocessing.spawn`` / ``start_processes`` calls started.
+        device_memory: the caching allocator of the training's current CUDA device (only once the
+            training initialised CUDA); devices: every device it holds memory on (at most
+            :data:`MAX_DEVICES`), added.
+        gpu_settings: TF32, cuDNN, compile, optimizer and allocator settings as read; added.
     """
 
     instance: Instance
@@ -824,6 +895,8 @@ class HookRecord:
     step_source: str = ""
     rank: RankInfo | None = None
     spawned_ranks: tuple[int, ...] = ()
+    devices: tuple[DeviceMemory, ...] = ()
+    gpu_settings: GpuSettings | None = None
 
     @classmethod
     def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
@@ -857,6 +930,8 @@ class HookRecord:
             step_source=o.text("step_source", 16, optional=True, choices=STEP_SOURCES) or "",
             rank=_opt(o.d.get("rank"), f"{where}.rank", RankInfo.decode),
             spawned_ranks=tuple(_pid_item(v, w) for v, w in o.items("spawned_ranks", MAX_SPAWNED)),
+            devices=tuple(DeviceMemory.decode(v, w) for v, w in o.items("devices", MAX_DEVICES)),
+            gpu_settings=_opt(o.d.get("gpu_settings"), f"{where}.gpu_settings", GpuSettings.decode),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -883,6 +958,8 @@ class HookRecord:
             "step_source": self.step_source,
             "rank": None if self.rank is None else self.rank.to_json(),
             "spawned_ranks": list(self.spawned_ranks),
+            **({"devices": [d.to_json() for d in self.devices]} if self.devices else {}),
+            **({} if self.gpu_settings is None else {"gpu_settings": self.gpu_settings.to_json()}),
         }
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from torchwatch.hook.wire import AmpInfo, BurstResult, LoaderInfo, Refusal
+from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
 
@@ -98,12 +98,23 @@ class DeviceMemory:
         allocated_bytes / reserved_bytes / peak_bytes: ``torch.cuda.memory_allocated``,
             ``memory_reserved`` and ``max_memory_allocated``; ``None`` when not published.
         why: why they are ``None`` (no hook, CUDA not initialised, not published yet).
+        device: the CUDA device they are of (the training's current device).
+        capacity_bytes: that device's memory (``get_device_properties().total_memory``).
+        alloc_retries: ``cudaMalloc`` failures the allocator retried after freeing its cache.
+        devices: how many devices the process holds memory on.
+        allocated_series / reserved_series: bytes, one value per analysis tick, oldest first.
     """
 
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
     peak_bytes: int | None = None
     why: str | None = None
+    device: int | None = None
+    capacity_bytes: int | None = None
+    alloc_retries: int | None = None
+    devices: int = 0
+    allocated_series: tuple[float, ...] = ()
+    reserved_series: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -280,6 +291,8 @@ class RankView:
         rank: its rank (a training of one process is rank 0). pid: its process.
         steps: its loop as its hook measures it. burst: its profiler bursts.
         device_memory: its device's caching allocator, or why not known.
+        gpu_settings: TF32, cuDNN, compile, optimizer and allocator settings its hook read
+            (``None``: no hook, or not read yet).
         stacks: the hottest frames of its loop thread and of the DataLoader workers, hottest first.
         main_states / worker_states: ``(state, share)`` of its loop thread's and its workers' main
             threads over the window (running, disk, sleep, sync, net, other), largest first:
@@ -291,6 +304,7 @@ class RankView:
     steps: StepsView = field(default_factory=StepsView)
     burst: BurstView = field(default_factory=BurstView)
     device_memory: DeviceMemory = field(default_factory=DeviceMemory)
+    gpu_settings: GpuSettings | None = None
     stacks: tuple[StackRow, ...] = ()
     main_states: tuple[tuple[str, float], ...] = ()
     worker_states: tuple[tuple[str, float], ...] = ()

@@ -35,7 +35,7 @@ from torchwatch.model.units import amp_words
 
 HISTORY_S = 180.0  # seconds of readings behind the trends ("the last minutes")
 NO_HOOK = "no hook in the process: start the training with torchwatch run"
-NO_CUDA = "the hook publishes device memory only when the training initialised CUDA"
+NO_CUDA = "the training has not initialised CUDA"  # and the hook never creates a context (hook/gpu.py)
 NO_HOOK_MEMORY = "no hook in the process: device memory comes from the in-process hook"
 NOT_PUBLISHED = "the hook has not published device memory"
 
@@ -222,7 +222,15 @@ def device_memory(rec: HookRecord | None) -> DeviceMemory:
         return DeviceMemory(why=NO_HOOK_MEMORY)
     mem = rec.device_memory
     if mem is not None:
-        return DeviceMemory(mem.allocated_bytes, mem.reserved_bytes, mem.peak_bytes)
+        return DeviceMemory(
+            mem.allocated_bytes,
+            mem.reserved_bytes,
+            mem.peak_bytes,
+            device=mem.device,
+            capacity_bytes=mem.capacity_bytes,
+            alloc_retries=mem.alloc_retries,
+            devices=max(1, len(rec.devices)),
+        )
     return DeviceMemory(why=NOT_PUBLISHED if rec.cuda_initialized else NO_CUDA)
 
 
@@ -247,6 +255,15 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         trends.add(
             analysis.t, {"steps_per_s": steps.steps_per_s, "data_wait_pct": None if wait is None else 100 * wait}
         )
+    memory = device_memory(rec)
+    if analysis is not None:
+        trends.add(analysis.t, {"device_allocated": memory.allocated_bytes, "device_reserved": memory.reserved_bytes})
+    if memory.allocated_bytes is not None:
+        memory = replace(
+            memory,
+            allocated_series=trends.series("device_allocated"),
+            reserved_series=trends.series("device_reserved"),
+        )
     steps = _with_series(steps, trends)
     main_states, worker_states = thread_states(short.threads, pid)
     rank = RankView(
@@ -254,7 +271,8 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         pid=pid,
         steps=steps,
         burst=burst_view(rec, tick.burst_possible),
-        device_memory=device_memory(rec),
+        device_memory=memory,
+        gpu_settings=rec.gpu_settings if rec is not None else None,
         stacks=tuple(views.stack_rows(short.stacks, pid)),
         main_states=main_states,
         worker_states=worker_states,

@@ -22,13 +22,13 @@ from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
-from torchwatch.model.readings import GpuSample, Role, SourceStatus, Status
+from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
 from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
-from torchwatch.watch.observe import Tick, Trends, observe, target_view
+from torchwatch.watch.observe import Tick, Trends, device_memory, observe, target_view
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,10 @@ class Session:
             return "no profiler burst has completed yet (press b, or torchwatch burst PID)"
         if spec.source == "hook" and feature.startswith("dl_"):
             return "no DataLoader iterated in the training yet"
+        if spec.source == "hook" and feature.startswith("cuda_"):
+            reading = self.store.latest(HookState, lambda h: h.pid == self.main_pid)
+            why = device_memory(reading.record if reading is not None else None).why
+            return why or "the hook's device memory readings do not cover the window yet"
         return "not enough samples in the window yet, or the loop never entered that state"
 
     def _sample_loop(self, src: Source) -> None:
@@ -265,7 +269,9 @@ class Session:
         now = time.monotonic() if now is None else now
         end = self.ended_at if self.ended_at is not None else now
         window = self.store.window(end - self.options.window_s, end)
-        analysis = self.diagnoser.evaluate(feats.compute(window, self.main_pid), now)
+        analysis = self.diagnoser.evaluate(
+            feats.compute(window, self.main_pid), now, feats.texts(window, self.main_pid)
+        )
         with self._lock:
             self.latest = analysis
             if self.ended_at is None:

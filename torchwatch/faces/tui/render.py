@@ -383,7 +383,8 @@ def memory_text(memory: MemoryTrend) -> Text:
 
 def device_memory_text(memory: MemoryTrend, allocator: DeviceMemory) -> Text:
     """``device used 12.0 GiB / 40.0 GiB (NVML) · allocator 9.1 GiB allocated / 10.0 GiB reserved
-    (peak 9.8 GiB)``, or why the allocator's numbers are missing."""
+    (peak 9.8 GiB) of 40.0 GiB (peak 25%, reserved 25%)``, or why the allocator's numbers are
+    missing (``n/a (no hook ...)``, ``n/a (the training has not initialised CUDA ...)``)."""
     text = Text()
     text.append("device used ", style="dim")
     if memory.device_used_bytes is None:
@@ -397,6 +398,15 @@ def device_memory_text(memory: MemoryTrend, allocator: DeviceMemory) -> Text:
         text.append(f" / {fmt_bytes(allocator.reserved_bytes)} reserved")
         if allocator.peak_bytes is not None:
             text.append(f" (peak {fmt_bytes(allocator.peak_bytes)})", style="dim")
+        cap = allocator.capacity_bytes
+        if cap:
+            text.append(f" of {fmt_bytes(cap)} on cuda:{allocator.device}")
+            peak = max(allocator.peak_bytes or 0, allocator.reserved_bytes or 0)
+            text.append(f" ({fmt_share(peak / cap)} at most)", style="bold red" if peak > 0.9 * cap else "dim")
+        if allocator.alloc_retries:
+            text.append(f" · {allocator.alloc_retries} allocation retries", style="bold red")
+        if allocator.devices > 1:
+            text.append(f" · memory on {allocator.devices} devices", style="dim")
     else:
         text.append(f"n/a ({allocator.why or 'not reported by the hook'})", style="dim")
     return text

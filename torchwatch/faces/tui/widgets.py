@@ -389,6 +389,7 @@ class MemoryPanel(VerticalScroll):
         yield Trend("RSS", unit="bytes", id="memory-rss")
         yield Static(id="memory-device")
         yield Trend("device", unit="bytes", id="memory-dev")
+        yield Trend("allocated", unit="bytes", id="memory-alloc")
 
     def watch_observation(self, obs: Observation | None) -> None:
         """Redraw numbers and trends."""
@@ -400,3 +401,6 @@ class MemoryPanel(VerticalScroll):
         device = render.device_memory_text(memory, obs.focus.device_memory)
         show_text(self.query_one("#memory-device", Static), device)
         self.query_one("#memory-dev", Trend).data = memory.device_series
+        alloc = self.query_one("#memory-alloc", Trend)
+        alloc.display = bool(obs.focus.device_memory.allocated_series)  # unknown: the text line says why
+        alloc.data = obs.focus.device_memory.allocated_series
