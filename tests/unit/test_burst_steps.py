@@ -94,3 +94,28 @@ def test_slow_steps_lengthen_the_wait_for_the_start_step(burster: burst.Burster)
     timer = burster._timer
     assert timer is not None and timer.interval == pytest.approx(24.0)
     burster._cancel_timer()
+
+
+@pytest.mark.parametrize(
+    ("steps_s", "wait_s"),
+    [([], 3.0), ([0.1, 0.2, 0.1], 3.0), ([5.0, 4.0, 6.0, 5.0, 5.0], 7.5), ([30.0, 30.0], 10.0)],
+)
+def test_a_slow_training_gets_a_burst_on_its_steps_not_a_time_window(
+    monkeypatch: pytest.MonkeyPatch, steps_s: list[float], wait_s: float
+) -> None:
+    """The arm wait is arm_timeout_s (3 s), or 1.5x the median measured step when longer, at most
+    max_s (10 s): a step 5 s after the request starts the burst on that step."""
+    FakeProfile.made.clear()
+    b = burst.Burster(fake_torch(), INST, lambda: False, lambda: None, lambda n: steps_s[-n:], lambda: None)
+    monkeypatch.setattr(b, "_finish", lambda now: setattr(b, "state", "summarizing"))
+    assert b.request(wire.BurstRequest(), 100.0, True, "signal")
+    assert b.arm_wait_s() == pytest.approx(wait_s)
+    b.on_interrupt(100.0 + wait_s - 0.5)  # a timer firing early changes nothing
+    assert b.state == "armed"
+    if wait_s > 3.0:
+        b.on_step(100.0 + wait_s - 0.5, None)
+        assert b.state == "running" and b.mode == "steps"
+    else:
+        b.on_interrupt(100.0 + wait_s)
+        assert b.state == "running" and b.mode == "window"
+    b._cancel_timer()

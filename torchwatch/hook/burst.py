@@ -5,7 +5,11 @@ and the optimizer step hook both run there, and ``torch.profiler`` must start an
 thread it profiles)::
 
     idle --request--> armed --step boundary--> running --N active steps / max_s--> summarizing --> idle
-                        \\--no step within arm_timeout_s: time-window mode (start now, stop at window_s)
+                        \\--no step within the arm wait: time-window mode (start now, stop at window_s)
+
+The arm wait is ``arm_timeout_s``, or 1.5 times the median of the hook's last measured steps when
+those are slower (at most ``max_s``): a training that steps every 5 s gets a burst on its step
+boundaries, not a time window that cuts steps in two.
 
 Exporting the trace and summarising it run in a background thread, so the training pays only
 for the profiled steps themselves. Bounds (traces of 1+ GB and memory growth across many short
@@ -165,6 +169,7 @@ class Burster:
         self._prof: Any = None
         self._window_rec: Any = None
         self._armed_at = 0.0
+        self._arm_deadline = 0.0  # monotonic s: an armed burst falls back to a time window then
         self._started_at = 0.0
         self._first_step: int | None = None
         self._prev_step_at = 0.0  # the last step boundary seen while armed, monotonic s
@@ -213,11 +218,27 @@ class Burster:
         self.count += 1
         if stepping:
             self.state, self.mode = "armed", "steps"
-            self._schedule(params.arm_timeout_s)
+            wait = self.arm_wait_s()
+            self._arm_deadline = now + wait
+            self._schedule(wait)
             self._changed()
         else:
             self._start_window(now)
         return True
+
+    def arm_wait_s(self) -> float:
+        """How long an armed step-mode burst waits for a step boundary before it profiles a time
+        window instead, s: ``arm_timeout_s`` (default 3 s), or 1.5 times the median of the last 5
+        steps the hook measured when that is longer, at most ``max_s``."""
+        params = self.params
+        try:
+            recent = sorted(self._step_durations(5))
+        except Exception:
+            recent = []
+        if not recent:
+            return params.arm_timeout_s
+        typical = recent[len(recent) // 2]
+        return max(params.arm_timeout_s, min(1.5 * typical, params.max_s))
 
     def on_step(self, now: float, step: int | None = None) -> None:
         """Step boundary: start, advance or finish a step-mode burst.
@@ -235,7 +256,9 @@ class Burster:
                 else:
                     # still stepping: wait on, as long as three of these steps if they are slow
                     last = now - self._prev_step_at if self._prev_step_at else 0.0
-                    self._schedule(max(self.params.arm_timeout_s, 3 * last))
+                    wait = max(self.params.arm_timeout_s, 3 * last)
+                    self._arm_deadline = now + wait
+                    self._schedule(wait)
                 self._prev_step_at = now
                 return
             self._cancel_timer()
@@ -249,7 +272,7 @@ class Burster:
 
     def on_interrupt(self, now: float) -> None:
         """The timer fired (through the signal handler): an arm timeout or a window deadline."""
-        if self.state == "armed" and now - self._armed_at >= self.params.arm_timeout_s - 0.05:
+        if self.state == "armed" and now >= self._arm_deadline - 0.05:
             self._start_window(now)
         elif (self.state == "running" and self.mode == "window") or (
             self.state == "running" and now - self._started_at >= self.params.max_s
