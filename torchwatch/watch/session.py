@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchwatch.analysis import features as feats
+from torchwatch.analysis import ranks
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
-from torchwatch.analysis.store import KEEP_S, Store
+from torchwatch.analysis.store import KEEP_S, Store, Window
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
 from torchwatch.model.readings import GpuSample, Role, SourceStatus, Status
 from torchwatch.sources import Source
@@ -101,6 +102,9 @@ class Session:
         self.history: list[tuple[float, str]] = []  # (seconds since start, label) at each change
         self.ended_at: float | None = None
         self._chosen: int | None = None
+        self.chosen_rank: int | None = None  # the rank the user picked to show (TUI), else the straggler
+        self._diagnosers: dict[int, Diagnoser] = {}
+        self._straggler_pid: int | None = None
         self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
         self._errors_seen: set[str] = set()
         opts = self.options
@@ -113,7 +117,7 @@ class Session:
             ThreadStateSource(self.tree, interval=opts.thread_interval_s),
             self.pyspy,
         ]
-        self.hook = HookSource(self._main_pid, expected=opts.hook_expected)
+        self.hook = HookSource(self._main_pid, expected=opts.hook_expected, rank_pids=self.tree.mains)
         self.sources.append(self.hook)
         self.nvml: NvmlSource | None = None
         if opts.nvml:
@@ -131,6 +135,9 @@ class Session:
         mains = self.tree.mains()
         if not mains:
             return None
+        picked = self._rank_pid(self.chosen_rank) if self.chosen_rank is not None else self._straggler_pid
+        if picked in mains:
+            return picked
         cpu = self.proc.cpu_pct
         current = self._chosen if self._chosen in mains else mains[0]
         busiest = max(mains, key=lambda pid: cpu.get(pid, 0.0))
@@ -138,6 +145,47 @@ class Session:
             current = busiest
         self._chosen = current
         return current
+
+    def _rank_pid(self, rank: int) -> int | None:
+        """The PID of ``rank`` in the last analysis, ``None`` when it has none."""
+        latest = self.latest
+        found = [r.pid for r in latest.ranks if r.rank == rank] if latest is not None else []
+        return found[0] if found else None
+
+    def choose_rank(self, rank: int | None) -> None:
+        """Show ``rank`` in the panels (and diagnose it with py-spy's stacks); ``None``: the
+        straggler when there is one, else the busiest rank."""
+        self.chosen_rank = rank
+
+    def _diagnoser(self, pid: int | None) -> Diagnoser:
+        """Each rank's rules hold and release on their own; the first process keeps the session's."""
+        if pid is None:
+            return self.diagnoser
+        if pid not in self._diagnosers:
+            first = not self._diagnosers
+            self._diagnosers[pid] = self.diagnoser if first else Diagnoser(self.diagnoser.rules, self.why_missing)
+        return self._diagnosers[pid]
+
+    def _evaluate(self, window: Window, now: float) -> Analysis:
+        """The analysis of the focus process; with several ranks, every rank's own, their
+        readings, the straggler and the job's verdict (:mod:`torchwatch.analysis.ranks`)."""
+        focus = self.main_pid
+        analysis = self._diagnoser(focus).evaluate(feats.compute(window, focus), now)
+        mains = self.tree.mains()
+        if len(mains) < 2 or focus is None:
+            self._straggler_pid = None
+            return analysis
+        per_rank = {focus: analysis}
+        for pid in mains:
+            if pid != focus:
+                per_rank[pid] = self._diagnoser(pid).evaluate(feats.compute(window, pid), now)
+        for gone in [p for p in self._diagnosers if p not in mains and self._diagnosers[p] is not self.diagnoser]:
+            del self._diagnosers[gone]
+        readings = ranks.rank_readings(window, per_rank)
+        found = ranks.straggler(readings)
+        self._straggler_pid = found.pid if found is not None else None
+        analysis.per_rank, analysis.ranks = per_rank, readings
+        return ranks.job_analysis(analysis, per_rank, found)
 
     def _role_of(self, pid: int) -> Role:
         node = self.tree.nodes().get(pid)
@@ -265,7 +313,7 @@ class Session:
         now = time.monotonic() if now is None else now
         end = self.ended_at if self.ended_at is not None else now
         window = self.store.window(end - self.options.window_s, end)
-        analysis = self.diagnoser.evaluate(feats.compute(window, self.main_pid), now)
+        analysis = self._evaluate(window, now)
         with self._lock:
             self.latest = analysis
             if self.ended_at is None:
