@@ -14,6 +14,7 @@ import logging
 import resource
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store, Window
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
-from torchwatch.model.readings import GpuSample, Role, SourceStatus, Status
+from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
 from torchwatch.sources.hook import HookSource
 from torchwatch.sources.nvml import NvmlSource
@@ -171,7 +172,10 @@ class Session:
         readings, the straggler and the job's verdict (:mod:`torchwatch.analysis.ranks`)."""
         focus = self.main_pid
         analysis = self._diagnoser(focus).evaluate(feats.compute(window, focus), now)
-        mains = self.tree.mains()
+        # The ranks: processes whose hook says they are one (a wrapper script is a main too);
+        # those that exited during the window (a job ending, stopped by --duration) keep their
+        # readings in it, so the last verdict still compares every rank.
+        mains = list(dict.fromkeys(h.pid for h in window.hook if h.record is not None and h.record.rank is not None))
         if len(mains) < 2 or focus is None:
             self._straggler_pid = None
             return analysis
@@ -302,11 +306,20 @@ class Session:
                 )
                 return
             self.store.add(readings)
+            if src is self.hook:
+                self._mark_spawned(readings)
             if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
                 self.ended_at = time.monotonic()
             if self.ended_at is not None:
                 return
             self._stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
+
+    def _mark_spawned(self, readings: Sequence[object]) -> None:
+        """Ranks a training started with ``torch.multiprocessing.spawn`` (its hook lists them) are
+        training processes of the tree, not its DataLoader workers."""
+        for r in readings:
+            if isinstance(r, HookState) and r.record is not None and r.record.spawned_ranks:
+                self.tree.mark_spawned_ranks(r.pid, r.record.spawned_ranks)
 
     def analyze(self, now: float | None = None) -> Analysis:
         """Compute features and evaluate the rules over the last ``window_s`` seconds."""
