@@ -3,19 +3,23 @@ report and the status line show them."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import jsonschema
 import pytest
+from textual.widgets import TabbedContent
 
 from tests.unit.hookrecords import hook_record
 from tests.unit.test_report import SCHEMA
 from torchwatch.analysis import ranks
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import CATALOGUE, compute
-from torchwatch.analysis.store import Window
+from torchwatch.analysis.store import Store, Window
 from torchwatch.faces import report
 from torchwatch.faces.headless import status_line
+from torchwatch.faces.tui.app import WatchApp
+from torchwatch.faces.tui.widgets import RanksTable
 from torchwatch.hook.wire import RankStep
 from torchwatch.model.findings import Finding, Verdict
 from torchwatch.model.observation import Observation, RankView, TargetView
@@ -111,9 +115,8 @@ def test_collective_wait_share_less_run_queue() -> None:
     assert compute(Window(0.0, 10.0, hook=[lone]), 100)["collective_wait_share"] == 0.0
 
 
-def test_report_and_status_line_name_the_straggler() -> None:
-    from torchwatch.analysis.store import Store
-
+def straggler_job() -> Observation:
+    """The Observation of a 2-rank job whose rank 1 loads slowly (the straggler, shown)."""
     states = [rank_state(100, 0, 16, 4, 87), rank_state(101, 1, 64, 4, 87)]
     per = {100: analysis("undetermined", "ranks-collective-wait"), 101: analysis("dataloader-bound", "loader-x")}
     readings, found = job(states, per)
@@ -126,7 +129,11 @@ def test_report_and_status_line_name_the_straggler() -> None:
         now=3.0, end=3.0, started=0.0, window_s=10.0, analysis=final, statuses=(), focus_pid=101,
         target=TargetView(99),
     )  # fmt: skip
-    obs = observe(store, tick, Trends())
+    return observe(store, tick, Trends())
+
+
+def test_report_and_status_line_name_the_straggler() -> None:
+    obs = straggler_job()
     assert sorted(obs.ranks) == [0, 1] and obs.focus_rank == 1
     assert obs.ranks[0].verdict is not None and obs.ranks[0].verdict.label == "undetermined"
     data = report.build(obs)
@@ -135,6 +142,65 @@ def test_report_and_status_line_name_the_straggler() -> None:
     assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["ranks"][1]["focus"] is True
     assert "straggler: rank 1 (PID 101)" in report.render_text(data)
     assert "2 ranks, straggler rank 1" in status_line(obs, 3.0)
+
+
+class JobWatch:
+    """A watch session as the TUI sees it, showing one Observation; remembers the rank chosen."""
+
+    def __init__(self, obs: Observation) -> None:
+        self.obs = obs
+        self.chosen: list[int | None] = []
+
+    def observe(self) -> Observation:
+        return self.obs
+
+    def request_burst(self) -> tuple[bool, str]:
+        return False, "no"
+
+    def choose_rank(self, rank: int | None) -> None:
+        self.chosen.append(rank)
+
+
+def test_tui_ranks_table_highlights_the_straggler_and_chooses_a_rank() -> None:
+    watch = JobWatch(straggler_job())
+    app = WatchApp(watch)
+
+    async def go() -> None:
+        async with app.run_test(size=(140, 34)) as pilot:
+            await pilot.pause()
+            await pilot.press("8")
+            await pilot.pause()
+            tabs = app.query_one(TabbedContent)
+            assert tabs.active == "ranks"
+            table = app.query_one(RanksTable)
+            rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+            assert rows[0][0].strip() == "0" and rows[1][0] == "● 1"  # rank 1 shown
+            assert rows[1][-1].startswith("dataloader-bound  ◀ straggler (0.55)")
+            assert rows[0][5] == "64.0"  # rank 0 waits in the all-reduce
+            assert table.get_row_at(1)[0].style == "bold red"
+            table.focus()
+            table.move_cursor(row=0)
+            await pilot.press("enter")
+            await pilot.press("a")
+            await pilot.pause()
+            assert watch.chosen == [0, None]
+
+    asyncio.run(go())
+
+
+def test_tui_hides_the_ranks_panel_for_one_process() -> None:
+    obs = Observation(t=0.0, elapsed_s=1.0, window_s=10.0, target=TargetView(5), ranks={0: RankView(0, 5)})
+    app = WatchApp(JobWatch(obs))
+
+    async def go() -> None:
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.pause()
+            before = app.query_one(TabbedContent).active
+            await pilot.press("8")
+            await pilot.pause()
+            assert app.query_one(TabbedContent).active == before != "ranks"
+
+    asyncio.run(go())
 
 
 def test_one_process_report_has_no_ranks() -> None:

@@ -107,13 +107,47 @@ def straggler(readings: Sequence[RankReading]) -> Straggler | None:
     )
 
 
+COMM_RULE = "ranks-collective-wait"
+COMM_SHARE = 0.2  # the rule's threshold (TraceML's overhead_share_crit): the ranks' median share
+
+
 def job_analysis(focus: Analysis, analyses: Mapping[int, Analysis], found: Straggler | None) -> Analysis:
-    """The job's analysis: the straggler's own (its label is the job's, its summary says it is
-    the straggler and what it costs the others) when one paces the job, else ``focus`` (the
-    rank shown; a rank waiting on its peers carries the communication finding)."""
-    if found is None or found.pid not in analyses:
+    """The job's analysis.
+
+    - One rank paces the job: the straggler's own analysis (its label is the job's); its summary
+      says it is the straggler and what it costs the others.
+    - None does, but the ranks' median ``collective_wait_share`` is >= :data:`COMM_SHARE` and a
+      rank carries the communication finding: ``focus`` (the rank shown) with that finding
+      first; its label stays when its own deciding finding explains more of the step than the
+      collectives do, else the verdict is the communication finding's (``undetermined``: time
+      on peers is no local resource's).
+    - Otherwise ``focus`` as it is.
+    """
+    if found is not None and found.pid in analyses:
+        return _straggler_analysis(focus, analyses[found.pid], found)
+    shares = [a.features.get("collective_wait_share") for a in analyses.values()]
+    known = [v for v in shares if v is not None]
+    comm = [f for a in analyses.values() for f in a.findings if f.rule == COMM_RULE]
+    if not known or statistics.median(known) < COMM_SHARE or not comm:
         return replace(focus, straggler=None)
-    own = analyses[found.pid]
+    median = statistics.median(known)
+    finding = max(comm, key=lambda f: f.measure or 0.0)
+    words = (
+        f"Communication-bound: the ranks wait {median:.0%} of their step on each other in collectives "
+        "(gradient all-reduce), and no rank paces the others."
+    )
+    findings = [replace(finding, summary=words), *(f for f in focus.findings if f.rule != COMM_RULE)]
+    own = [f for f in focus.findings if f.severity != "info" and f.label == focus.verdict.label]
+    keeps = focus.verdict.label != "undetermined" and any((f.measure or 0.0) >= median for f in own)
+    verdict = (
+        Verdict(focus.verdict.label, focus.verdict.confidence, f"{focus.verdict.summary} {words}")
+        if keeps
+        else Verdict("undetermined", 0.5, words)
+    )
+    return replace(focus, findings=findings, verdict=verdict, straggler=None)
+
+
+def _straggler_analysis(focus: Analysis, own: Analysis, found: Straggler) -> Analysis:
     where = "its DataLoader" if found.part == "data" else "its forward and other host work"
     lead = (
         f"Rank {found.rank} is the straggler (score {found.score:.2f}: rank {found.victim_rank} waits "

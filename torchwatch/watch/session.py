@@ -23,6 +23,7 @@ from torchwatch.analysis import ranks
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store, Window
+from torchwatch.hook.wire import RankInfo
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
 from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
@@ -136,9 +137,14 @@ class Session:
         mains = self.tree.mains()
         if not mains:
             return None
+        # With several ranks: the rank chosen, else the straggler, else the lowest rank (a
+        # torch.multiprocessing.spawn launcher is a main too, and an idle one).
+        latest = self.latest
+        lowest = latest.ranks[0].pid if latest is not None and latest.ranks else None
         picked = self._rank_pid(self.chosen_rank) if self.chosen_rank is not None else self._straggler_pid
-        if picked in mains:
-            return picked
+        for pid in (picked, lowest):
+            if pid in mains:
+                return pid
         cpu = self.proc.cpu_pct
         current = self._chosen if self._chosen in mains else mains[0]
         busiest = max(mains, key=lambda pid: cpu.get(pid, 0.0))
@@ -171,23 +177,22 @@ class Session:
         """The analysis of the focus process; with several ranks, every rank's own, their
         readings, the straggler and the job's verdict (:mod:`torchwatch.analysis.ranks`)."""
         focus = self.main_pid
-        analysis = self._diagnoser(focus).evaluate(feats.compute(window, focus), now)
-        # The ranks: processes whose hook says they are one (a wrapper script is a main too);
-        # those that exited during the window (a job ending, stopped by --duration) keep their
-        # readings in it, so the last verdict still compares every rank.
-        mains = list(dict.fromkeys(h.pid for h in window.hook if h.record is not None and h.record.rank is not None))
-        if len(mains) < 2 or focus is None:
+        # The ranks: processes whose hook says they are one (a wrapper script or a
+        # torch.multiprocessing.spawn launcher is a main too); those that exited during the
+        # window (a job ending, stopped by --duration) keep their readings in it, so the last
+        # verdict still compares every rank.
+        pids = list(dict.fromkeys(h.pid for h in window.hook if h.record is not None and _is_rank(h.record.rank)))
+        if len(pids) < 2:
             self._straggler_pid = None
-            return analysis
-        per_rank = {focus: analysis}
-        for pid in mains:
-            if pid != focus:
-                per_rank[pid] = self._diagnoser(pid).evaluate(feats.compute(window, pid), now)
-        for gone in [p for p in self._diagnosers if p not in mains and self._diagnosers[p] is not self.diagnoser]:
+            return self._diagnoser(focus).evaluate(feats.compute(window, focus), now)
+        per_rank = {pid: self._diagnoser(pid).evaluate(feats.compute(window, pid), now) for pid in pids}
+        for gone in [p for p in self._diagnosers if p not in pids and self._diagnosers[p] is not self.diagnoser]:
             del self._diagnosers[gone]
         readings = ranks.rank_readings(window, per_rank)
         found = ranks.straggler(readings)
         self._straggler_pid = found.pid if found is not None else None
+        shown = focus if focus in per_rank else (readings[0].pid if readings else pids[0])
+        analysis = per_rank[shown]
         analysis.per_rank, analysis.ranks = per_rank, readings
         return ranks.job_analysis(analysis, per_rank, found)
 
@@ -314,6 +319,15 @@ class Session:
                 return
             self._stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
 
+    def _ranks_ended(self, analysis: Analysis) -> bool:
+        """The job's ranks have exited while its launcher lingers: ``analysis`` (of the launcher
+        alone) is not the job's, and the report keeps the last verdict made while they ran."""
+        last = self.last_alive
+        if analysis.ranks or last is None or not last.ranks:
+            return False
+        mains = set(self.tree.mains())
+        return not any(r.pid in mains for r in last.ranks)
+
     def _mark_spawned(self, readings: Sequence[object]) -> None:
         """Ranks a training started with ``torch.multiprocessing.spawn`` (its hook lists them) are
         training processes of the tree, not its DataLoader workers."""
@@ -329,7 +343,7 @@ class Session:
         analysis = self._evaluate(window, now)
         with self._lock:
             self.latest = analysis
-            if self.ended_at is None:
+            if self.ended_at is None and not self._ranks_ended(analysis):
                 self.last_alive = analysis
             label = analysis.verdict.label
             if not self.history or self.history[-1][1] != label:
@@ -453,3 +467,8 @@ class Session:
             if self.last_alive is not None:
                 return self.last_alive
         return self.analyze()
+
+
+def _is_rank(info: RankInfo | None) -> bool:
+    """The hook names a rank (a launcher's record may carry the job's key but no rank)."""
+    return info is not None and info.rank is not None
