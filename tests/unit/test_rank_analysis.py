@@ -4,6 +4,7 @@ report and the status line show them."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -22,7 +23,7 @@ from torchwatch.faces.tui.app import WatchApp
 from torchwatch.faces.tui.widgets import RanksTable
 from torchwatch.hook.wire import RankStep
 from torchwatch.model.findings import Finding, Verdict
-from torchwatch.model.observation import Observation, RankView, TargetView
+from torchwatch.model.observation import Observation, RankReading, RankView, TargetView
 from torchwatch.model.readings import HookState
 from torchwatch.watch.observe import Tick, Trends, observe
 
@@ -212,3 +213,28 @@ def test_one_process_report_has_no_ranks() -> None:
     assert data["ranks"] == [] and data["straggler"] is None
     line = status_line(obs, 1.0)
     assert line.startswith("torchwatch [   1s] cpu-bound") and "ranks" not in line
+
+
+def comm_job(wait_ms: float) -> Analysis:
+    """Two ranks waiting ``wait_ms`` of a 100 ms step in collectives (40 % once their run-queue wait
+    is taken out), no straggler; the rank shown also finds its loop on the CPU."""
+    per = {}
+    for pid in (1, 2):
+        a = analysis("cpu-bound", "loop-cpu")
+        comm = Finding(ranks.COMM_RULE, "undetermined", "warning", "comm", 0.4, {}, (), "test")
+        a.findings.append(comm)
+        a.features = {**a.features, "collective_wait_share": 0.4}
+        per[pid] = a
+    reading = RankReading(0, 1, 2, 20, 100.0, 0.0, 20.0, wait_ms)
+    per[1].ranks = (reading, replace(reading, rank=1, pid=2))
+    return ranks.job_analysis(per[1], per, None)
+
+
+def test_ranks_waiting_on_each_other_make_a_communication_verdict() -> None:
+    waiting = comm_job(wait_ms=57.0)  # most of the step in the all-reduce
+    assert waiting.verdict.label == "undetermined"
+    assert waiting.verdict.summary.startswith("Communication-bound: the ranks wait 40%")
+    assert waiting.findings[0].rule == ranks.COMM_RULE
+    busy = comm_job(wait_ms=45.0)  # the loop works more than it waits: its label stays, the finding first
+    assert busy.verdict.label == "cpu-bound" and "the ranks wait 40%" in busy.verdict.summary
+    assert busy.findings[0].rule == ranks.COMM_RULE

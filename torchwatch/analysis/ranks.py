@@ -109,6 +109,7 @@ def straggler(readings: Sequence[RankReading]) -> Straggler | None:
 
 COMM_RULE = "ranks-collective-wait"
 COMM_SHARE = 0.2  # the rule's threshold (TraceML's overhead_share_crit): the ranks' median share
+COMM_DOMINANT = 0.5  # collectives take the larger part of the step: no local label explains it
 
 
 def job_analysis(focus: Analysis, analyses: Mapping[int, Analysis], found: Straggler | None) -> Analysis:
@@ -118,9 +119,9 @@ def job_analysis(focus: Analysis, analyses: Mapping[int, Analysis], found: Strag
       says it is the straggler and what it costs the others.
     - None does, but the ranks' median ``collective_wait_share`` is >= :data:`COMM_SHARE` and a
       rank carries the communication finding: ``focus`` (the rank shown) with that finding
-      first; its label stays when its own deciding finding explains more of the step than the
-      collectives do, else the verdict is the communication finding's (``undetermined``: time
-      on peers is no local resource's).
+      first; its label stays unless the ranks wait on each other for :data:`COMM_DOMINANT` of
+      their step or more (medians of the hook's per-step times); then the verdict is the
+      communication finding's (``undetermined``: time on peers is no local resource's).
     - Otherwise ``focus`` as it is.
     """
     if found is not None and found.pid in analyses:
@@ -137,8 +138,12 @@ def job_analysis(focus: Analysis, analyses: Mapping[int, Analysis], found: Strag
         "(gradient all-reduce), and no rank paces the others."
     )
     findings = [replace(finding, summary=words), *(f for f in focus.findings if f.rule != COMM_RULE)]
-    own = [f for f in focus.findings if f.severity != "info" and f.label == focus.verdict.label]
-    keeps = focus.verdict.label != "undetermined" and any((f.measure or 0.0) >= median for f in own)
+    # The rank's own label stays while the ranks spend most of their step doing something else
+    # than waiting on each other (the hook's per-step medians; a thread-state share would count a
+    # thread waiting for a CPU as computing, and on a loaded machine that is a large part).
+    steps = [r for r in focus.ranks if r.step_ms > 0]
+    waits = statistics.median(r.collective_wait_ms / r.step_ms for r in steps) if steps else median
+    keeps = focus.verdict.label != "undetermined" and waits < COMM_DOMINANT
     verdict = (
         Verdict(focus.verdict.label, focus.verdict.confidence, f"{focus.verdict.summary} {words}")
         if keeps
