@@ -19,8 +19,8 @@ main features of the report.
 The distributed scenarios (tests/scenarios/distributed/NAME.py, 2 ranks, gloo on the CPU) run
 under torchrun (``python -m torch.distributed.run --standalone --nproc_per_node 2``) and under
 torch.multiprocessing.spawn (the script itself), as ``distributed/NAME@LAUNCHER``; each has
-``EXPECTED`` (the job's label; ``communication-bound`` is the ranks-collective-wait finding,
-the label contract's five labels staying) and ``STRAGGLER`` (the rank that paces the job, or
+``EXPECTED`` (the job's label; ``communication-bound`` is the ranks-collective-wait finding
+first among the job's findings, the label contract's five labels staying) and ``STRAGGLER`` (the rank that paces the job, or
 ``None``): a run is OK when both match the report's verdict and ``straggler``.
 --no-distributed leaves them out.
 
@@ -193,11 +193,13 @@ def training(name: str, script: Path, seconds: float) -> list[str]:
 
 
 def job_label(report: dict[str, Any]) -> str:
-    """The label scored: the verdict's, or ``communication-bound`` when the job's verdict is the
-    communication finding's (undetermined, that finding first)."""
+    """The label scored: the verdict's, or ``communication-bound`` when the job's first finding is
+    the communication finding (torchwatch puts it first when no rank paces the job and the ranks
+    wait on each other >= 20 % of the step; the verdict's label is then ``undetermined``, or the
+    rank's own when the ranks wait less than half their step)."""
     label = str(report.get("verdict", {}).get("label", "?"))
     findings = [f.get("rule") for f in report.get("findings", [])]
-    if label == "undetermined" and findings[:1] == [COMM_RULE]:
+    if findings[:1] == [COMM_RULE]:
         return "communication-bound"
     return label
 
