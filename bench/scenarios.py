@@ -19,9 +19,10 @@ main features of the report.
 The distributed scenarios (tests/scenarios/distributed/NAME.py, 2 ranks, gloo on the CPU) run
 under torchrun (``python -m torch.distributed.run --standalone --nproc_per_node 2``) and under
 torch.multiprocessing.spawn (the script itself), as ``distributed/NAME@LAUNCHER``; each has
-``EXPECTED`` (the job's label; ``communication-bound`` is the ranks-collective-wait finding
-first among the job's findings, the label contract's five labels staying) and ``STRAGGLER`` (the rank that paces the job, or
-``None``): a run is OK when both match the report's verdict and ``straggler``.
+``EXPECTED`` (the job's label; ``communication-bound`` is the ranks-collective-wait
+finding first among the job's findings, the label contract's five labels staying) and
+``STRAGGLER`` (the rank that paces the job, or ``None``): a run is OK when both match the
+report's verdict and ``straggler``.
 --no-distributed leaves them out.
 
 --check-relief instead measures, once per scenario and without torchwatch, the

@@ -416,6 +416,7 @@ class HookSource:
         if rd is None:
             return []
         reading = rd.read(now)
+        others = self._other_ranks(rd.pid, now)  # a launcher without a hook may be the focus
         if reading is None:
             if rd.gone and rd.seen:
                 self.status = SourceStatus.gone("the training exited (its hook removed its files)")
@@ -429,9 +430,9 @@ class HookSource:
                 self.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
             else:
                 self.status = SourceStatus.unavailable(f"no hook in PID {rd.pid}", NO_HOOK_HINT)
-            return []
+            return others
         self.status = SourceStatus.ok()
-        return [reading, *self._other_ranks(rd.pid, now)]
+        return [reading, *others]
 
     def _other_ranks(self, focus: int, now: float) -> list[HookState]:
         """One reading of every other rank's hook (none of them sets the status)."""
