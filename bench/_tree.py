@@ -6,9 +6,9 @@ Each process does a little CPU work every 10 ms (a light load on a small machine
 looks like a multi-rank training to torchwatch without needing torch or GPUs.
 
 --torch: each rank (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` set as torchrun sets them) also
-runs a tiny training loop (a 64x64 linear layer, SGD, one intra-op thread, a step every ~10 ms),
-so that a hook pre-loaded in it publishes per-rank steps: torchwatch then reads and diagnoses
-every rank (the per-rank readings' cost).
+runs a tiny training loop (a 64x64 linear layer, SGD, one intra-op thread, a step every ~10 ms)
+with torchwatch's hook pre-loaded (as ``torchwatch run`` passes it on), so that it publishes
+per-rank steps: torchwatch then reads and diagnoses every rank (the per-rank readings' cost).
 """
 
 from __future__ import annotations
@@ -70,10 +70,17 @@ def main() -> None:
         rank(args.workers, args.seconds, args.torch)
         return
     cmd = [sys.executable, __file__, "--rank", "--workers", str(args.workers), "--seconds", str(args.seconds)]
+    env = dict(os.environ)
+    if args.torch:
+        # the hook pre-loaded in the ranks, as a launcher passes it on (this process has none)
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from torchwatch.watch.lifecycle import hook_env
+
+        env = hook_env()
     ranks = [
         subprocess.Popen(
             cmd + (["--torch"] if args.torch else []),
-            env={**os.environ, "RANK": str(i), "LOCAL_RANK": str(i), "WORLD_SIZE": str(args.ranks)},
+            env={**env, "RANK": str(i), "LOCAL_RANK": str(i), "WORLD_SIZE": str(args.ranks)},
         )
         for i in range(args.ranks)
     ]

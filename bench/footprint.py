@@ -75,7 +75,7 @@ def whole_tool_on_tree(seconds: float, ranks: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, str(REPO / "bench" / "_tree.py"), "--seconds", str(seconds + 30)]
     import psutil
 
-    tree = subprocess.Popen(cmd + (["--torch"] if ranks else []), env=hook_env() if ranks else None)
+    tree = subprocess.Popen(cmd + (["--torch"] if ranks else []))
     try:
         time.sleep(15 if ranks else 5)  # 8 ranks importing torch on a small machine
         with tempfile.TemporaryDirectory() as tmp:

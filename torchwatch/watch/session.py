@@ -27,7 +27,7 @@ from torchwatch.hook.wire import RankInfo
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
 from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
-from torchwatch.sources.hook import HookSource
+from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
@@ -107,6 +107,8 @@ class Session:
         self.chosen_rank: int | None = None  # the rank the user picked to show (TUI), else the straggler
         self._diagnosers: dict[int, Diagnoser] = {}
         self._straggler_pid: int | None = None
+        self._rank_analyses: dict[int, Analysis] = {}  # {pid: its last analysis}
+        self._tick = 0
         self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
         self._errors_seen: set[str] = set()
         opts = self.options
@@ -185,7 +187,17 @@ class Session:
         if len(pids) < 2:
             self._straggler_pid = None
             return self._diagnoser(focus).evaluate(feats.compute(window, focus), now)
-        per_rank = {pid: self._diagnoser(pid).evaluate(feats.compute(window, pid), now) for pid in pids}
+        # The ranks not shown are diagnosed every other tick (each costs a pass over the window);
+        # in between their last analysis stands.
+        self._tick += 1
+        per_rank = {}
+        for pid in pids:
+            last = self._rank_analyses.get(pid)
+            if pid == focus or last is None or self._tick % OTHER_RANKS_EVERY == 0:
+                last = self._rank_analyses[pid] = self._diagnoser(pid).evaluate(feats.compute(window, pid), now)
+            per_rank[pid] = last
+        for gone in [p for p in self._rank_analyses if p not in pids]:
+            del self._rank_analyses[gone]
         for gone in [p for p in self._diagnosers if p not in pids and self._diagnosers[p] is not self.diagnoser]:
             del self._diagnosers[gone]
         readings = ranks.rank_readings(window, per_rank)
