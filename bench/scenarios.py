@@ -318,10 +318,10 @@ def main() -> int:
             correct += r["label"] == expected and r.get("straggler_ok", True) is True
     width = max(len(c) for c in cols) + 1
     print("\nconfusion matrix (rows: expected, columns: given)")
-    print(f"{'':<17}" + "".join(f"{c:>{width}}" for c in cols))
+    print(f"{'':<20}" + "".join(f"{c:>{width}}" for c in cols))
     for exp in LABELS:
         if exp in matrix:
-            print(f"{exp:<17}" + "".join(f"{matrix[exp].get(c, 0):>{width}}" for c in cols))
+            print(f"{exp:<20}" + "".join(f"{matrix[exp].get(c, 0):>{width}}" for c in cols))
     print(f"\naccuracy: {correct}/{total} = {100.0 * correct / max(total, 1):.1f}%")
     flipped = {n: [str(r["label"]) for r in rs] for n, rs in results.items() if len({r["label"] for r in rs}) > 1}
     if flipped:
