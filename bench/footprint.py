@@ -7,12 +7,15 @@
    defaults are chosen from data.
 2. The whole tool (``torchwatch attach --headless``, defaults) on a synthetic tree of 8 training
    processes x 8 workers (``bench/_tree.py``): CPU % of one core and peak RSS, from the report's
-   ``self`` key. Budget (issue 6): <= 15 % of a core.
+   ``self`` key; then again with per-rank data on: the 8 ranks train with the hook pre-loaded
+   (``_tree.py --torch``), so every rank's hook is read and every rank diagnosed. Budget
+   (issue 6): <= 15 % of a core. ``--tree-only`` runs part 2 alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -62,11 +65,19 @@ def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int) -> f
     return 100.0 * used / (time.monotonic() - t0)
 
 
-def whole_tool_on_tree(seconds: float) -> dict[str, Any]:
-    """``torchwatch attach --headless`` on bench/_tree.py: the report's ``self`` key."""
-    tree = subprocess.Popen([sys.executable, str(REPO / "bench" / "_tree.py"), "--seconds", str(seconds + 30)])
+def whole_tool_on_tree(seconds: float, ranks: bool = False) -> dict[str, Any]:
+    """``torchwatch attach --headless`` on bench/_tree.py: the report's ``self`` key.
+
+    ``ranks``: the tree's ranks train (``--torch``) with the hook pre-loaded, so torchwatch reads
+    every rank's hook and diagnoses each (per-rank data on); ``ranks_read`` says how many ranks
+    the report compared.
+    """
+    cmd = [sys.executable, str(REPO / "bench" / "_tree.py"), "--seconds", str(seconds + 30)]
+    import psutil
+
+    tree = subprocess.Popen(cmd + (["--torch"] if ranks else []))
     try:
-        time.sleep(5)
+        time.sleep(15 if ranks else 5)  # 8 ranks importing torch on a small machine
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
             subprocess.run(
@@ -88,20 +99,26 @@ def whole_tool_on_tree(seconds: float) -> dict[str, Any]:
                 check=False,
             )
             report = json.loads(out.read_text())
-        import psutil
-
-        procs = 1 + len(psutil.Process(tree.pid).children(recursive=True))
+        children = psutil.Process(tree.pid).children(recursive=True)
+        procs = 1 + len(children)
     finally:
+        # only what this benchmark started: the tree's root and its own descendants, by PID
+        for child in psutil.Process(tree.pid).children(recursive=True) if tree.poll() is None else []:
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
         tree.terminate()
-        subprocess.run(["pkill", "-f", "bench/_tree.py"], check=False)
-    return {"processes": procs, **report["self"]}
+        tree.wait()
+    return {"processes": procs, "ranks_read": len(report.get("ranks") or []), **report["self"]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--tree-only", action="store_true", help="only the whole tool on the 8 x 8 trees")
     args = parser.parse_args()
+    if args.tree_only:
+        return trees(args.seconds, [], args.json)
     configs = [
         ("psutil", "1 Hz", SessionOptions()),
         ("threads", "10 Hz", SessionOptions(thread_interval_s=0.1)),
@@ -125,14 +142,23 @@ def main() -> int:
     finally:
         target.kill()
         target.wait()
-    tree = whole_tool_on_tree(args.seconds + 10)
-    print(
-        f"\nwhole tool, headless, on a tree of {tree['processes']} processes: "
-        f"{tree['cpu_pct_of_core']:.1f} % of a core "
-        f"(budget 15 %), peak RSS {tree['max_rss_bytes'] / 1e6:.0f} MB"
-    )
-    if args.json:
-        Path(args.json).write_text(json.dumps({"samplers": rows, "tree": tree}, indent=2))
+    return trees(args.seconds, rows, args.json)
+
+
+def trees(seconds: float, rows: list[dict[str, Any]], json_path: str | None) -> int:
+    """The whole tool on the 8 x 8 tree, without and with per-rank data (hooked, training ranks)."""
+    out = {}
+    for key, ranks in (("tree", False), ("tree_ranks", True)):
+        tree = out[key] = whole_tool_on_tree(seconds + 10, ranks)
+        what = f"{tree['ranks_read']} ranks read and diagnosed" if ranks else "no hooks"
+        print(
+            f"\nwhole tool, headless, on a tree of {tree['processes']} processes ({what}): "
+            f"{tree['cpu_pct_of_core']:.1f} % of a core "
+            f"(budget 15 %), peak RSS {tree['max_rss_bytes'] / 1e6:.0f} MB",
+            flush=True,
+        )
+    if json_path:
+        Path(json_path).write_text(json.dumps({"samplers": rows, **out}, indent=2))
     return 0
 
 

@@ -16,6 +16,15 @@ the scenarios whose label flipped across runs.  On WRONG the JSON report and the
 trace are kept under bench/results/scenarios/ and the path printed, with the
 main features of the report.
 
+The distributed scenarios (tests/scenarios/distributed/NAME.py, 2 ranks, gloo on the CPU) run
+under torchrun (``python -m torch.distributed.run --standalone --nproc_per_node 2``) and under
+torch.multiprocessing.spawn (the script itself), as ``distributed/NAME@LAUNCHER``; each has
+``EXPECTED`` (the job's label; ``communication-bound`` is the ranks-collective-wait
+finding first among the job's findings, the label contract's five labels staying) and
+``STRAGGLER`` (the rank that paces the job, or ``None``): a run is OK when both match the
+report's verdict and ``straggler``.
+--no-distributed leaves them out.
+
 --check-relief instead measures, once per scenario and without torchwatch, the
 steps/s of ``NAME.py --seconds S`` with and without ``--relieve`` (from the final
 line ``demo NAME: done, STEPS steps in SECONDS s, RATE steps/s``) and prints the
@@ -39,12 +48,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCEN_DIR = REPO / "tests" / "scenarios"
 DEMO_DIR = REPO / "demo"
 RESULTS = REPO / "bench" / "results" / "scenarios"
-LABELS = ("gpu-bound", "io-bound", "dataloader-bound", "cpu-bound", "undetermined")
+LABELS = ("gpu-bound", "io-bound", "dataloader-bound", "cpu-bound", "undetermined", "communication-bound")
+DIST_DIR = SCEN_DIR / "distributed"
+LAUNCHERS = ("torchrun", "mp.spawn")
+COMM_RULE = "ranks-collective-wait"  # the job's communication finding
 DEMO_EXPECTED = {  # as bench/verdicts.py: gpu_bound computes on the CPU without a GPU
     "dataloader_bound": "dataloader-bound",
     "io_bound": "io-bound",
@@ -88,6 +101,19 @@ def constant_of(path: Path, name: str) -> str | None:
     return None
 
 
+def straggler_of(path: Path) -> int | None:
+    """A distributed scenario's ``STRAGGLER = <rank>`` (``None``: no rank paces the job)."""
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "STRAGGLER" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, int)
+        ):
+            return node.value.value
+    return None
+
+
 def expected_of(path: Path) -> str:
     """The scenario's ``EXPECTED = "<label>"``."""
     label = constant_of(path, "EXPECTED")
@@ -96,9 +122,14 @@ def expected_of(path: Path) -> str:
     return str(label)
 
 
-def discover(only: str | None, with_demos: bool) -> dict[str, tuple[Path, str]]:
+def discover(only: str | None, with_demos: bool, distributed: bool = True) -> dict[str, tuple[Path, str]]:
     """name -> (script, expected label)."""
     found = {p.stem: (p, expected_of(p)) for p in sorted(SCEN_DIR.glob("*.py")) if not p.stem.startswith("_")}
+    if distributed:
+        for p in sorted(DIST_DIR.glob("*.py")):
+            if not p.stem.startswith("_"):
+                for launcher in LAUNCHERS:
+                    found[f"distributed/{p.stem}@{launcher}"] = (p, expected_of(p))
     if with_demos:
         for name, label in DEMO_EXPECTED.items():
             found[f"demo/{name}"] = (DEMO_DIR / f"{name}.py", label)
@@ -154,6 +185,26 @@ def check_relief(scen: dict[str, tuple[Path, str]], seconds: float) -> int:
     return 1 if bad else 0
 
 
+def training(name: str, script: Path, seconds: float) -> list[str]:
+    """The training's command line (a distributed scenario under its launcher, 2 ranks)."""
+    args = [str(script), "--seconds", str(seconds)]
+    if name.endswith("@torchrun"):
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    return [sys.executable, *args]
+
+
+def job_label(report: dict[str, Any]) -> str:
+    """The label scored: the verdict's, or ``communication-bound`` when the job's first finding is
+    the communication finding (torchwatch puts it first when no rank paces the job and the ranks
+    wait on each other >= 20 % of the step; the verdict's label is then ``undetermined``, or the
+    rank's own when the ranks wait less than half their step)."""
+    label = str(report.get("verdict", {}).get("label", "?"))
+    findings = [f.get("rule") for f in report.get("findings", [])]
+    if findings[:1] == [COMM_RULE]:
+        return "communication-bound"
+    return label
+
+
 def watch(name: str, script: Path, duration: float) -> dict[str, object]:
     """One headless torchwatch run; returns label, confidence, features and the paths of kept files."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,7 +212,7 @@ def watch(name: str, script: Path, duration: float) -> dict[str, object]:
         cmd = [
             sys.executable, "-m", "torchwatch", "run", "--headless",
             "--duration", str(duration), "--json", str(out), "--trace", str(trace),
-            "--", sys.executable, str(script), "--seconds", str(duration + 60),
+            "--", *training(name, script, duration + 60),
         ]  # fmt: skip
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120, cwd=REPO, check=False)
@@ -173,8 +224,11 @@ def watch(name: str, script: Path, duration: float) -> dict[str, object]:
             return {"label": "ERROR", "confidence": 0.0, "features": {}, "error": tail, "wall": wall, "left": left}
         report = json.loads(out.read_text())
         verdict = report.get("verdict", {})
+        straggler = report.get("straggler")
         result: dict[str, object] = {
-            "label": verdict.get("label", "?"),
+            "label": job_label(report),
+            "straggler": straggler.get("rank") if isinstance(straggler, dict) else None,
+            "ranks": len(report.get("ranks") or []),
             "confidence": float(verdict.get("confidence") or 0.0),
             "summary": verdict.get("summary", ""),
             "findings": [f.get("rule") for f in report.get("findings", [])],
@@ -213,8 +267,9 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per --check-relief run (default 10)")
     parser.add_argument("--json", metavar="PATH", help="also write every run's result as JSON here")
+    parser.add_argument("--no-distributed", action="store_true", help="leave the 2-rank scenarios out")
     args = parser.parse_args()
-    scen = discover(args.only, args.with_demos)
+    scen = discover(args.only, args.with_demos, not args.no_distributed)
 
     if args.check_relief:
         return check_relief(scen, args.seconds)
@@ -230,6 +285,11 @@ def main() -> int:
             results.setdefault(name, []).append(r)
             ok = r["label"] == expected
             line = f"run {run} {name:<24} expected {expected:<17} got {r['label']:<17} conf {r['confidence']:.2f} "
+            if name.startswith("distributed/"):
+                want_rank = straggler_of(script)
+                r["straggler_ok"] = r.get("straggler") == want_rank and r.get("ranks") == 2
+                ok = ok and bool(r["straggler_ok"])
+                line += f"straggler {r.get('straggler')} (expected {want_rank}), {r.get('ranks')} ranks "
             line += "OK" if ok else "WRONG"
             sub = constant_of(script, "SUB_CAUSE")  # optional: the finding that names the sub-cause
             if sub is not None:
@@ -255,13 +315,13 @@ def main() -> int:
             matrix.setdefault(expected, {}).setdefault(str(r["label"]), 0)
             matrix[expected][str(r["label"])] += 1
             total += 1
-            correct += r["label"] == expected
+            correct += r["label"] == expected and r.get("straggler_ok", True) is True
     width = max(len(c) for c in cols) + 1
     print("\nconfusion matrix (rows: expected, columns: given)")
-    print(f"{'':<17}" + "".join(f"{c:>{width}}" for c in cols))
+    print(f"{'':<20}" + "".join(f"{c:>{width}}" for c in cols))
     for exp in LABELS:
         if exp in matrix:
-            print(f"{exp:<17}" + "".join(f"{matrix[exp].get(c, 0):>{width}}" for c in cols))
+            print(f"{exp:<20}" + "".join(f"{matrix[exp].get(c, 0):>{width}}" for c in cols))
     print(f"\naccuracy: {correct}/{total} = {100.0 * correct / max(total, 1):.1f}%")
     flipped = {n: [str(r["label"]) for r in rs] for n, rs in results.items() if len({r["label"] for r in rs}) > 1}
     if flipped:

@@ -160,6 +160,12 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"main_sync_share": 0.8, "data_wait_share": 0.5},
         "main_sync_share",
     ),
+    "ranks-collective-wait": (
+        # a rank blocked 60 % of its step in the gradient all-reduce, beyond its run-queue wait
+        {"collective_wait_share": 0.6, "dl_batch_size": 32.0},
+        {"collective_wait_share": 0.1, "dl_batch_size": 32.0},
+        "collective_wait_share",  # one process without the hook's per-step counters
+    ),
     "storage-latency": (
         # 4 KiB reads, 1.2 in flight while the disk is busy: latency-bound
         {**_STORAGE, "disk_read_request_bytes": 4096.0, "disk_read_queue": 1.2},
@@ -193,6 +199,14 @@ def ids(analysis: Analysis) -> set[str]:
 
 def test_every_shipped_rule_has_a_case() -> None:
     assert set(CASES) == set(RULES)
+
+
+def test_time_in_collectives_is_no_wait_elsewhere() -> None:
+    # A DDP rank asleep in the all-reduce: communication, never "waits on another process".
+    f = features(main_sync_share=0.8, collective_wait_share=0.6)
+    d = Diagnoser([RULES["loop-waits-elsewhere"], RULES["ranks-collective-wait"]])
+    d.evaluate(f, 0.0)
+    assert ids(d.evaluate(f, 10.0)) == {"ranks-collective-wait"}
 
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))

@@ -28,6 +28,7 @@ from torchwatch.analysis.rules_engine import Rule, fill
 from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
 from torchwatch.model.labels import PRIORITY as _PRIORITY
+from torchwatch.model.observation import RankReading, Straggler
 from torchwatch.model.units import human_bytes
 
 __all__ = ["Analysis", "Diagnoser", "Finding", "Fix", "NotApplicable", "Verdict", "template_values"]
@@ -42,6 +43,11 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     not_applicable: list[NotApplicable] = field(default_factory=list)
     verdict: Verdict = field(default_factory=lambda: Verdict("undetermined", 0.0, "Collecting evidence."))
+    # Ranks of a job of several processes (empty for one): {pid: its own analysis}, their
+    # readings over the window, and the straggler (torchwatch.analysis.ranks).
+    per_rank: dict[int, Analysis] = field(default_factory=dict)
+    ranks: tuple[RankReading, ...] = ()
+    straggler: Straggler | None = None
 
 
 def template_values(features: Features, texts: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from torchwatch.analysis import stacks
 from torchwatch.analysis.store import Window
-from torchwatch.hook.wire import GpuSettings
+from torchwatch.hook.wire import GpuSettings, HookRecord, RankStep
 from torchwatch.model.observation import FeatureSpec
 from torchwatch.model.readings import GpuSample, HookState, Role, ThreadSample, Wait
 
@@ -147,6 +147,13 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ),
     ("hook_steps_per_s", "steps/s", "hook", "optimizer steps per second, measured in the training process"),
     ("step_time_p50_ms", "ms", "hook", "median step time (optimizer step to optimizer step)"),
+    (
+        "collective_wait_share",
+        "share",
+        "hook+proc",
+        "step time a rank waits on its peers in collectives (and, DDP on the CPU, in backward's all-reduce), "
+        "less its main thread's wait for a CPU",
+    ),
     ("step_time_p95_ms", "ms", "hook", "95th percentile step time"),
     (
         "data_wait_fraction",
@@ -783,6 +790,34 @@ def _prefer_measured_wait(f: Features) -> Features:
     return out
 
 
+def rank_collective_wait(rec: HookRecord | None, step: RankStep) -> float:
+    """Time ``step`` of a rank spent blocked on its peers, s (:meth:`RankStep.collective_wait`):
+    the blocked part of backward counts only for a rank of a job of several processes whose
+    backward runs on the CPU (CUDA not initialised), where it is DDP's gradient all-reduce."""
+    info = rec.rank if rec is not None else None
+    multi = info is not None and (info.world_size or 0) > 1
+    return step.collective_wait(multi and rec is not None and not rec.cuda_initialized)
+
+
+def _collective_wait(window: Window, main_pid: int | None, f: Features) -> Features:
+    """Share of the step time blocked on peers, less the main thread's run-queue share.
+
+    A thread that lost its core counts as blocked in the hook's estimate (wall minus thread
+    CPU time), so on an oversubscribed machine every rank looks as if it waited in backward;
+    the main thread's run-queue wait (schedstat) over the same window is that part, and is taken
+    out. ``None`` without per-step readings; 0 for a process that is no rank and calls no
+    collective.
+    """
+    reads = [h for h in window.hook if main_pid is None or h.pid == main_pid]
+    steps = [(h.record, s) for h in reads for s in h.rank_steps if window.start <= s.end <= window.end]
+    total = sum(s.duration for _, s in steps)
+    if len(steps) < 2 or total <= 0:
+        return {"collective_wait_share": None}
+    blocked = sum(rank_collective_wait(rec, s) for rec, s in steps) / total
+    runq = f.get("main_runqueue_share") or 0.0
+    return {"collective_wait_share": max(0.0, min(1.0, blocked - runq))}
+
+
 def compute(window: Window, main_pid: int | None) -> Features:
     """All features of :data:`CATALOGUE` for ``window``.
 
@@ -798,6 +833,7 @@ def compute(window: Window, main_pid: int | None) -> Features:
     f.update(_hook_features(window, main_pid))
     f.update(_prefer_measured_wait(f))
     f.update(_thread_features(window, main_pid))
+    f.update(_collective_wait(window, main_pid, f))
     f.update(_attribute_fetch(f))
     f.update(_combine(f))
     f.update(_process_features(window, main_pid))

@@ -360,7 +360,7 @@ def _tui(
 
 
 def _headless(session: Session, child: Launched | None, opts: WatchOptions, start: float, stops: StopSignals) -> Ending:
-    last_label: str | None = None
+    last_label: tuple[str, int | None] | None = None
     last_print = 0.0
     status_ok = True
     while True:
@@ -374,7 +374,12 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
         if opts.duration is not None and now - start >= opts.duration:
             return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
         obs = session.latest_observation
-        label = obs.verdict.label if obs is not None and obs.verdict is not None else None
+        # A new straggler (or none any more) is news as much as a new label.
+        label = (
+            (obs.verdict.label, obs.straggler.rank if obs.straggler is not None else None)
+            if obs is not None and obs.verdict is not None
+            else None
+        )
         if status_ok and (label != last_label or now - last_print >= STATUS_EVERY_S):
             # a closed stderr ends the status lines, not the watch
             status_ok = _emit(status_line(obs, now - start), sys.stderr, fatal=False)

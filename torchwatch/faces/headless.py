@@ -8,7 +8,8 @@ from torchwatch.model.units import fmt_value
 
 def status_line(obs: Observation | None, elapsed_s: float) -> str:
     """One line: the label and confidence, then data wait, loop CPU, disk wait, workers, steps/s
-    and GPU (with its SM activity when GPM reads it); ``starting`` before the first verdict.
+    and GPU (with its SM activity when GPM reads it), and for a job of several ranks the
+    straggler (or none); ``starting`` before the first verdict.
 
     Args:
         obs: the latest Observation (``None``: none yet).
@@ -31,4 +32,11 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
         *([f"{f['hook_steps_per_s']:.2f} steps/s"] if f.get("hook_steps_per_s") is not None else []),
         f"GPU {value('gpu_util_mean')}" + (f" (SM {value('gpu_sm_active_mean')})" if sm is not None else ""),
     ]
+    if len(obs.ranks) > 1:
+        st = obs.straggler
+        parts.append(
+            f"{len(obs.ranks)} ranks, straggler rank {st.rank} (score {st.score:.2f})"
+            if st is not None
+            else f"{len(obs.ranks)} ranks, no straggler"
+        )
     return " | ".join(parts)

@@ -65,8 +65,10 @@ def build(
     ``watched_seconds``, ``verdict_history``, ``feature_units`` and ``self`` (torchwatch's own
     CPU and memory, :class:`~torchwatch.model.observation.SelfUsage`), ``hook`` (what the
     in-process hook of the focus rank measured, :func:`hook_json`; ``null`` without a hook),
-    ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known), and
-    ``injection`` (``injection`` above; ``null`` when not tried).
+    ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known), ``injection``
+    (``injection`` above; ``null`` when not tried), ``ranks`` (one object per rank of a job of
+    several processes, :func:`ranks_json`; ``[]`` for one process) and ``straggler`` (the rank
+    that paces the job, :func:`straggler_json`; ``null`` when none does).
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
     code = exit_code if exit_code is not None else obs.target.exit_code
@@ -86,7 +88,37 @@ def build(
         "self": asdict(obs.own_usage),
         "hook": _clean(hook_json(obs)),
         "injection": None if injection is None else _clean(injection),
+        "ranks": ranks_json(obs),
+        "straggler": straggler_json(obs),
     }
+
+
+def ranks_json(obs: Observation) -> list[dict[str, Any]]:
+    """Every rank compared, ordered by rank: ``rank``, ``pid``, ``world_size``, ``steps`` (in the
+    window), ``step_ms``, ``data_wait_ms``, ``compute_ms`` (forward and other host work before the
+    all-reduce), ``collective_wait_ms`` (medians over the window's steps, ms), ``cpu_pct`` (% of one
+    core), ``runqueue_share``, ``label``, ``summary``, ``top_finding`` (its first finding's rule),
+    ``focus`` (the rank the verdict and panels are about)."""
+    out = []
+    for rank in sorted(obs.ranks):
+        r = obs.ranks[rank].reading
+        if r is None:
+            continue
+        row = asdict(r)
+        for key in ("step_ms", "data_wait_ms", "compute_ms", "collective_wait_ms", "cpu_pct", "runqueue_share"):
+            value = _num(row[key])
+            row[key] = None if value is None else round(value, 3)
+        row["focus"] = rank == obs.focus_rank
+        out.append(row)
+    return out
+
+
+def straggler_json(obs: Observation) -> dict[str, Any] | None:
+    """The straggler: ``rank``, ``pid``, ``victim_rank``, ``score`` (TraceML's: the victim's
+    collective wait minus the straggler's, over the step time), ``severity``, ``part`` (``data``
+    or ``compute``: where its extra time goes), ``extra_ms``, and its cause: ``label``,
+    ``summary``, ``top_finding``; ``None`` when no rank paces the job."""
+    return None if obs.straggler is None else asdict(obs.straggler)
 
 
 def hook_json(obs: Observation) -> dict[str, Any] | None:
@@ -252,9 +284,36 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
         for name, st in report["sources"].items()
     )
+    lines += rank_lines(report.get("ranks") or [], report.get("straggler"))
     lines += hook_lines(report.get("hook"))
     lines.append(f"sources: {srcs}")
     return "\n".join(lines)
+
+
+def rank_lines(ranks: list[Mapping[str, Any]], straggler: Mapping[str, Any] | None) -> list[str]:
+    """The ranks table of the text report (nothing for one process) and the straggler line."""
+    if not ranks:
+        return []
+    lines = ["ranks:   rank  step ms  data wait ms  compute ms  collective wait ms  CPU %  label"]
+    for r in ranks:
+        mark = "*" if straggler is not None and r["rank"] == straggler["rank"] else " "
+        lines.append(
+            f"        {mark}{r['rank']:>4}  {r['step_ms']:7.1f}  {r['data_wait_ms']:12.1f}  {r['compute_ms']:10.1f}"
+            f"  {r['collective_wait_ms']:18.1f}  {fmt_value(r['cpu_pct'], '%'):>5}  {r['label']}"
+        )
+    lines.append(straggler_text(straggler))
+    return lines
+
+
+def straggler_text(straggler: Mapping[str, Any] | None) -> str:
+    """One line naming the straggler and its cause, or saying that no rank paces the job."""
+    if straggler is None:
+        return "straggler: none (no rank makes the others wait 10 % of a step or more)"
+    cause = straggler["top_finding"] or straggler["label"]
+    return (
+        f"straggler: rank {straggler['rank']} (PID {straggler['pid']}), score {straggler['score']:.2f} "
+        f"({straggler['severity']}), {straggler['label']} ({cause}); rank {straggler['victim_rank']} waits for it"
+    )
 
 
 def dumps(report: Mapping[str, Any]) -> str:

@@ -31,10 +31,12 @@ __all__ = [
     "MemoryTrend",
     "Observation",
     "ProcessRow",
+    "RankReading",
     "RankView",
     "SelfUsage",
     "StackRow",
     "StepsView",
+    "Straggler",
     "TargetView",
     "VerdictChange",
 ]
@@ -284,6 +286,73 @@ class MemoryTrend:
 
 
 @dataclass(frozen=True)
+class RankReading:
+    """One rank's step over the verdict window, medians of its steps, ms (see
+    :class:`~torchwatch.hook.wire.RankStep`).
+
+    Attributes:
+        rank: its rank (``RANK``, ``torch.distributed``, the spawn index; else its place among
+            the tree's training processes). pid: its process. world_size: ranks in the job.
+        steps: steps in the window the medians are of.
+        step_ms: step time. data_wait_ms: blocked in DataLoader ``__next__``.
+        compute_ms: the rest of what it does before the gradient all-reduce (forward,
+            optimizer, other host work): step minus data wait, backward and collectives.
+        collective_wait_ms: blocked on its peers (explicit collectives, and backward's blocked
+            part for DDP on the CPU).
+        cpu_pct: the process's CPU, % of one core. runqueue_share: its main thread's time
+            ready to run but waiting for a CPU, 0..1 (schedstat).
+        label / summary: its own verdict. top_finding: the rule id of its first finding.
+    """
+
+    rank: int
+    pid: int
+    world_size: int | None
+    steps: int
+    step_ms: float
+    data_wait_ms: float
+    compute_ms: float
+    collective_wait_ms: float
+    cpu_pct: float | None = None
+    runqueue_share: float | None = None
+    label: str = "undetermined"
+    summary: str = ""
+    top_finding: str | None = None
+
+    @property
+    def arrive_ms(self) -> float:
+        """How long the rank takes to reach its backward pass (data wait + compute), ms."""
+        return self.data_wait_ms + self.compute_ms
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank that makes the others wait.
+
+    Attributes:
+        rank / pid: the straggler (the rank that reaches the all-reduce last).
+        victim_rank: the rank that waits longest for it.
+        score: (victim's collective wait - straggler's collective wait) / step time: the share
+            of the others' step the straggler costs them (TraceML's straggler score).
+        severity: ``warning`` (score >= 0.10) or ``critical`` (>= 0.20), TraceML's thresholds.
+        part: where the straggler's extra time goes: ``data`` (its DataLoader wait) or
+            ``compute`` (forward and other host work).
+        extra_ms: how much longer than the victim it takes to reach backward, ms.
+        label / summary / top_finding: its own verdict and first finding (the cause).
+    """
+
+    rank: int
+    pid: int
+    victim_rank: int
+    score: float
+    severity: str
+    part: str
+    extra_ms: float
+    label: str
+    summary: str
+    top_finding: str | None
+
+
+@dataclass(frozen=True)
 class RankView:
     """What torchwatch knows of one rank (one training process).
 
@@ -297,6 +366,8 @@ class RankView:
         main_states / worker_states: ``(state, share)`` of its loop thread's and its workers' main
             threads over the window (running, disk, sleep, sync, net, other), largest first:
             the same shares the rules read (storage reads' kernel time counts as disk).
+        reading: its step over the window (step, data wait, compute, collective wait, CPU),
+            ``None`` before it has steps. verdict / findings: its own diagnosis.
     """
 
     rank: int
@@ -308,6 +379,9 @@ class RankView:
     stacks: tuple[StackRow, ...] = ()
     main_states: tuple[tuple[str, float], ...] = ()
     worker_states: tuple[tuple[str, float], ...] = ()
+    reading: RankReading | None = None
+    verdict: Verdict | None = None
+    findings: tuple[Finding, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -344,7 +418,9 @@ class Observation:
         features: ``{name: value}`` of every feature (``None``: not measured).
         catalogue: ``{name: FeatureSpec}``: each feature's unit, source and meaning.
         statuses: ``(source name, status)`` of every source, in a stable order.
-        ranks: ``{rank: RankView}``; focus_rank: the rank the verdict is about and the panels show.
+        ranks: ``{rank: RankView}``; focus_rank: the rank the panels show (the straggler unless
+            one was chosen). straggler: the rank that paces the job, ``None`` when none does
+            (or one process); the verdict is then the job's: the straggler's own.
         processes: every process of the watched tree at the last round.
         gpus: one row per GPU seen; gpu_note: why there is none (``n/a: ...``), or ``None``.
         memory: host and device memory trends.
@@ -364,6 +440,7 @@ class Observation:
     statuses: tuple[tuple[str, SourceStatus], ...] = ()
     ranks: Mapping[int, RankView] = field(default_factory=dict)
     focus_rank: int = 0
+    straggler: Straggler | None = None
     processes: tuple[ProcessRow, ...] = ()
     gpus: tuple[GpuRow, ...] = ()
     gpu_note: str | None = None

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.hook.wire import HookRecord
+from torchwatch.hook.wire import HookRecord, RankStep
 
 
 class Status(str, enum.Enum):
@@ -266,6 +266,8 @@ class HookState:
         first_step_t: when the first optimizer step ended, monotonic s (0.0: none yet).
         record: ``hook.json`` as its checked, typed record (settings, AMP, burst state and
             results, errors); ``None`` in readings made without one (tests).
+        rank_steps: the same steps as ``new_steps`` with their backward and collective times
+            (:class:`~torchwatch.hook.wire.RankStep`, s), for the per-rank readings.
     """
 
     t: float
@@ -277,3 +279,4 @@ class HookState:
     new_steps: tuple[tuple[float, float, float], ...] = ()
     first_step_t: float = 0.0
     record: HookRecord | None = None
+    rank_steps: tuple[RankStep, ...] = ()

@@ -257,6 +257,7 @@ class HookReader:
         if snap is None:
             return None
         new = tuple(e for e in snap.entries if e[0] > self._last_step_end)
+        detailed = tuple(s for s in snap.rank_steps() if s.end > self._last_step_end)
         if new:
             self._last_step_end = new[-1][0]
         self.seen = True
@@ -270,6 +271,7 @@ class HookReader:
             new_steps=new,
             first_step_t=snap.first_step_t,
             record=rec,
+            rank_steps=detailed,
         )
 
     # -- bursts -----------------------------------------------------------------------------
@@ -369,20 +371,34 @@ def send_burst_signal(pid: int, expect: wire.Instance, signum: int) -> tuple[boo
             os.close(pidfd)
 
 
+OTHER_RANKS_EVERY = 2  # rounds: the ranks not shown are read once a second at the default 0.5 s
+
+
 class HookSource:
-    """Sampler of the hook of the training process the session diagnoses.
+    """Sampler of the hooks of the training processes: the one the session diagnoses (its
+    status is the source's) and every other rank of the job.
 
     Args:
         main_pid: returns the training process to read (the session's choice), or ``None``.
         expected: the hook was pre-loaded (``torchwatch run``): its absence means "starting"
             until torch is imported, not "unavailable".
         interval: seconds between reads.
+        rank_pids: returns every training process (rank) of the tree; their hooks are read too
+            (one reading each per round). ``None``: the focus process only.
     """
 
     name = "hook"
 
-    def __init__(self, main_pid: Callable[[], int | None], expected: bool, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        main_pid: Callable[[], int | None],
+        expected: bool,
+        interval: float = 0.5,
+        rank_pids: Callable[[], Sequence[int]] | None = None,
+    ) -> None:
         self.interval = interval
+        self._rank_pids = rank_pids
+        self._round = 0
         self.expected = expected
         self.status = SourceStatus(Status.STARTING, "waiting for the training process")
         self._main_pid = main_pid
@@ -404,6 +420,7 @@ class HookSource:
         if rd is None:
             return []
         reading = rd.read(now)
+        others = self._other_ranks(rd.pid, now)  # a launcher without a hook may be the focus
         if reading is None:
             if rd.gone and rd.seen:
                 self.status = SourceStatus.gone("the training exited (its hook removed its files)")
@@ -417,9 +434,29 @@ class HookSource:
                 self.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
             else:
                 self.status = SourceStatus.unavailable(f"no hook in PID {rd.pid}", NO_HOOK_HINT)
-            return []
+            return others
         self.status = SourceStatus.ok()
-        return [reading]
+        return [reading, *others]
+
+    def _other_ranks(self, focus: int, now: float) -> list[HookState]:
+        """One reading of every other rank's hook (none of them sets the status)."""
+        if self._rank_pids is None:
+            return []
+        self._round += 1
+        if self._round % OTHER_RANKS_EVERY:
+            return []  # the other ranks at half the rate: their medians need no more, 8 ranks cost less
+        pids = [p for p in self._rank_pids() if p != focus]
+        for gone in [p for p in self._readers if p != focus and p not in pids]:
+            del self._readers[gone]  # a rank that exited: its PID may be reused
+        out = []
+        for pid in pids:
+            rd = self._readers.get(pid)
+            if rd is None:
+                rd = self._readers[pid] = HookReader(pid)
+            reading = rd.read(now)
+            if reading is not None:
+                out.append(reading)
+        return out
 
     def close(self) -> None:
         """Nothing to release (files are read, not held open)."""

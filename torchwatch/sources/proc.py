@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,12 +77,19 @@ def _is_python(name: str, cmdline: Sequence[str], exe: str) -> bool:
     return any(n.startswith(("python", "pypy")) for n in names if n)
 
 
-def assign_roles(nodes: dict[int, tuple[int, str, tuple[str, ...], str]], root: int) -> dict[int, Role]:
+def assign_roles(
+    nodes: dict[int, tuple[int, str, tuple[str, ...], str]],
+    root: int,
+    spawned: Mapping[int, frozenset[int]] | None = None,
+) -> dict[int, Role]:
     """Give each process of a tree its role.
 
     Args:
         nodes: ``{pid: (ppid, name, cmdline, exe)}`` for the root and all its descendants.
         root: the PID the user named (``attach``) or started (``run``).
+        spawned: ``{main PID: PIDs of the ranks it started with torch.multiprocessing.spawn}``,
+            as its hook published them: those children are ranks (``main``), not workers,
+            though they start as a spawned DataLoader worker does.
 
     Returns:
         ``{pid: Role}``. The topmost Python process that is not a launcher is ``main``
@@ -107,6 +114,8 @@ def assign_roles(nodes: dict[int, tuple[int, str, tuple[str, ...], str]], root: 
             role = Role.HELPER
         elif main_above is None:
             role = Role.LAUNCHER if any(m in joined for m in _LAUNCHER_MARKERS) else Role.MAIN
+        elif pid in (spawned or {}).get(ppid, ()):
+            role = Role.MAIN
         elif any(m in joined for m in _SPAWN_MARKERS) or cmdline == nodes[main_above][2]:
             role = Role.WORKER
         else:
@@ -142,7 +151,21 @@ class ProcessTree:
         self._lock = threading.Lock()
         self._nodes: dict[int, TreeNode] = {}
         self._procs: dict[int, psutil.Process] = {root: self._root_proc}
+        self._spawned: dict[int, frozenset[int]] = {}
         self.refresh()
+
+    def mark_spawned_ranks(self, parent: int, pids: Iterable[int]) -> None:
+        """Take ``pids`` as the ranks ``parent`` started with ``torch.multiprocessing.spawn`` (from
+        its hook), from the next :meth:`refresh` on. Only ``parent``'s own children in the tree
+        become ranks, and only when ``parent`` shares torchwatch's PID namespace (the hook names
+        PIDs in its own)."""
+        try:
+            same_ns = os.stat(f"/proc/{parent}/ns/pid").st_ino == os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            same_ns = False
+        with self._lock:
+            if same_ns:
+                self._spawned[parent] = frozenset(pids)
 
     def refresh(self) -> None:
         """Walk the tree again (new workers appear, finished ones vanish)."""
@@ -168,8 +191,11 @@ class ProcessTree:
             for pid in _branch(raw, os.getpid()):
                 raw.pop(pid, None)
                 procs.pop(pid, None)
-        roles = assign_roles(raw, self.root)
         with self._lock:
+            spawned = {p: ranks for p, ranks in self._spawned.items() if p in raw}
+        roles = assign_roles(raw, self.root, spawned)
+        with self._lock:
+            self._spawned = spawned
             self._procs = procs
             self._nodes = {
                 pid: TreeNode(pid, raw[pid][0], roles.get(pid, Role.OTHER), raw[pid][1], raw[pid][2], created[pid])

@@ -30,7 +30,7 @@ from torchwatch.model.observation import (
     TargetView,
     VerdictChange,
 )
-from torchwatch.model.readings import HookState, SourceStatus, Status
+from torchwatch.model.readings import HookState, SourceStatus, Status, ThreadSample
 from torchwatch.model.units import amp_words
 
 HISTORY_S = 180.0  # seconds of readings behind the trends ("the last minutes")
@@ -277,6 +277,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         main_states=main_states,
         worker_states=worker_states,
     )
+    ranks, focus_rank = _rank_views(store, tick, short.threads, rank)
     gpus = tuple(views.gpu_rows(long.gpus))
     statuses = dict(tick.statuses)
     return Observation(
@@ -290,8 +291,9 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         features=dict(features),
         catalogue=CATALOGUE,
         statuses=tick.statuses,
-        ranks={0: rank},
-        focus_rank=0,
+        ranks=ranks,
+        focus_rank=focus_rank,
+        straggler=analysis.straggler if analysis is not None else None,
         processes=tuple(views.process_rows(long.processes, short.threads)),
         gpus=gpus,
         gpu_note=None if gpus else gpu_note(statuses.get("nvml")),
@@ -299,6 +301,45 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         history=tick.history,
         own_usage=tick.own_usage,
     )
+
+
+OTHER_RANK_BURST = "bursts go to the rank shown: choose it in the ranks table"
+
+
+def _rank_views(
+    store: Store, tick: Tick, threads: Sequence[ThreadSample], focus: RankView
+) -> tuple[dict[int, RankView], int]:
+    """``{rank: RankView}`` of every rank the analysis compared, and the focus's rank; one
+    process: ``{0: focus}``. Each rank carries its reading and its own diagnosis; py-spy's
+    stacks and the trends are the focus's only (py-spy samples the rank shown)."""
+    analysis = tick.analysis
+    if analysis is None or not analysis.ranks:
+        return {0: focus}, 0
+    out: dict[int, RankView] = {}
+    focus_rank = analysis.ranks[0].rank
+    for reading in analysis.ranks:
+        own = analysis.per_rank.get(reading.pid)
+        verdict, findings = (own.verdict, tuple(own.findings)) if own is not None else (None, ())
+        if reading.pid == focus.pid:
+            focus_rank = reading.rank
+            out[reading.rank] = replace(focus, rank=reading.rank, reading=reading, verdict=verdict, findings=findings)
+            continue
+        last = store.latest(HookState, lambda h, p=reading.pid: h.pid == p)  # type: ignore[misc]
+        rec = last.record if last is not None else None
+        main_states, worker_states = thread_states(threads, reading.pid)
+        out[reading.rank] = RankView(
+            rank=reading.rank,
+            pid=reading.pid,
+            steps=steps_view(last, tick.hook_status, own.features if own is not None else {}, tick.started),
+            burst=burst_view(rec, (False, OTHER_RANK_BURST)),
+            device_memory=device_memory(rec),
+            main_states=main_states,
+            worker_states=worker_states,
+            reading=reading,
+            verdict=verdict,
+            findings=findings,
+        )
+    return out, focus_rank
 
 
 def _with_series(steps: StepsView, trends: Trends) -> StepsView:

@@ -14,17 +14,20 @@ import logging
 import resource
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchwatch.analysis import features as feats
+from torchwatch.analysis import ranks
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
-from torchwatch.analysis.store import KEEP_S, Store
+from torchwatch.analysis.store import KEEP_S, Store, Window
+from torchwatch.hook.wire import RankInfo
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
 from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
-from torchwatch.sources.hook import HookSource
+from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
@@ -101,6 +104,11 @@ class Session:
         self.history: list[tuple[float, str]] = []  # (seconds since start, label) at each change
         self.ended_at: float | None = None
         self._chosen: int | None = None
+        self.chosen_rank: int | None = None  # the rank the user picked to show (TUI), else the straggler
+        self._diagnosers: dict[int, Diagnoser] = {}
+        self._straggler_pid: int | None = None
+        self._rank_analyses: dict[int, Analysis] = {}  # {pid: its last analysis}
+        self._tick = 0
         self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
         self._errors_seen: set[str] = set()
         opts = self.options
@@ -113,7 +121,7 @@ class Session:
             ThreadStateSource(self.tree, interval=opts.thread_interval_s),
             self.pyspy,
         ]
-        self.hook = HookSource(self._main_pid, expected=opts.hook_expected)
+        self.hook = HookSource(self._main_pid, expected=opts.hook_expected, rank_pids=self.tree.mains)
         self.sources.append(self.hook)
         self.nvml: NvmlSource | None = None
         if opts.nvml:
@@ -131,6 +139,14 @@ class Session:
         mains = self.tree.mains()
         if not mains:
             return None
+        # With several ranks: the rank chosen, else the straggler, else the lowest rank (a
+        # torch.multiprocessing.spawn launcher is a main too, and an idle one).
+        latest = self.latest
+        lowest = latest.ranks[0].pid if latest is not None and latest.ranks else None
+        picked = self._rank_pid(self.chosen_rank) if self.chosen_rank is not None else self._straggler_pid
+        for pid in (picked, lowest):
+            if pid in mains:
+                return pid
         cpu = self.proc.cpu_pct
         current = self._chosen if self._chosen in mains else mains[0]
         busiest = max(mains, key=lambda pid: cpu.get(pid, 0.0))
@@ -138,6 +154,61 @@ class Session:
             current = busiest
         self._chosen = current
         return current
+
+    def _rank_pid(self, rank: int) -> int | None:
+        """The PID of ``rank`` in the last analysis, ``None`` when it has none."""
+        latest = self.latest
+        found = [r.pid for r in latest.ranks if r.rank == rank] if latest is not None else []
+        return found[0] if found else None
+
+    def choose_rank(self, rank: int | None) -> None:
+        """Show ``rank`` in the panels (and diagnose it with py-spy's stacks); ``None``: the
+        straggler when there is one, else the busiest rank."""
+        self.chosen_rank = rank
+
+    def _diagnoser(self, pid: int | None) -> Diagnoser:
+        """Each rank's rules hold and release on their own; the first process keeps the session's."""
+        if pid is None:
+            return self.diagnoser
+        if pid not in self._diagnosers:
+            first = not self._diagnosers
+            self._diagnosers[pid] = self.diagnoser if first else Diagnoser(self.diagnoser.rules, self.why_missing)
+        return self._diagnosers[pid]
+
+    def _evaluate(self, window: Window, now: float) -> Analysis:
+        """The analysis of the focus process; with several ranks, every rank's own, their
+        readings, the straggler and the job's verdict (:mod:`torchwatch.analysis.ranks`)."""
+        focus = self.main_pid
+        # The ranks: processes whose hook says they are one (a wrapper script or a
+        # torch.multiprocessing.spawn launcher is a main too); those that exited during the
+        # window (a job ending, stopped by --duration) keep their readings in it, so the last
+        # verdict still compares every rank.
+        pids = list(dict.fromkeys(h.pid for h in window.hook if h.record is not None and _is_rank(h.record.rank)))
+        if len(pids) < 2:
+            self._straggler_pid = None
+            return self._diagnoser(focus).evaluate(feats.compute(window, focus), now, feats.texts(window, focus))
+        # The ranks not shown are diagnosed every other tick (each costs a pass over the window);
+        # in between their last analysis stands.
+        self._tick += 1
+        per_rank = {}
+        for pid in pids:
+            last = self._rank_analyses.get(pid)
+            if pid == focus or last is None or self._tick % OTHER_RANKS_EVERY == 0:
+                last = self._rank_analyses[pid] = self._diagnoser(pid).evaluate(
+                    feats.compute(window, pid), now, feats.texts(window, pid)
+                )
+            per_rank[pid] = last
+        for gone in [p for p in self._rank_analyses if p not in pids]:
+            del self._rank_analyses[gone]
+        for gone in [p for p in self._diagnosers if p not in pids and self._diagnosers[p] is not self.diagnoser]:
+            del self._diagnosers[gone]
+        readings = ranks.rank_readings(window, per_rank)
+        found = ranks.straggler(readings)
+        self._straggler_pid = found.pid if found is not None else None
+        shown = focus if focus in per_rank else (readings[0].pid if readings else pids[0])
+        analysis = per_rank[shown]
+        analysis.per_rank, analysis.ranks = per_rank, readings
+        return ranks.job_analysis(analysis, per_rank, found)
 
     def _role_of(self, pid: int) -> Role:
         node = self.tree.nodes().get(pid)
@@ -258,23 +329,39 @@ class Session:
                 )
                 return
             self.store.add(readings)
+            if src is self.hook:
+                self._mark_spawned(readings)
             if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
                 self.ended_at = time.monotonic()
             if self.ended_at is not None:
                 return
             self._stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
 
+    def _ranks_ended(self, analysis: Analysis) -> bool:
+        """The job's ranks have exited while its launcher lingers: ``analysis`` (of the launcher
+        alone) is not the job's, and the report keeps the last verdict made while they ran."""
+        last = self.last_alive
+        if analysis.ranks or last is None or not last.ranks:
+            return False
+        mains = set(self.tree.mains())
+        return not any(r.pid in mains for r in last.ranks)
+
+    def _mark_spawned(self, readings: Sequence[object]) -> None:
+        """Ranks a training started with ``torch.multiprocessing.spawn`` (its hook lists them) are
+        training processes of the tree, not its DataLoader workers."""
+        for r in readings:
+            if isinstance(r, HookState) and r.record is not None and r.record.spawned_ranks:
+                self.tree.mark_spawned_ranks(r.pid, r.record.spawned_ranks)
+
     def analyze(self, now: float | None = None) -> Analysis:
         """Compute features and evaluate the rules over the last ``window_s`` seconds."""
         now = time.monotonic() if now is None else now
         end = self.ended_at if self.ended_at is not None else now
         window = self.store.window(end - self.options.window_s, end)
-        analysis = self.diagnoser.evaluate(
-            feats.compute(window, self.main_pid), now, feats.texts(window, self.main_pid)
-        )
+        analysis = self._evaluate(window, now)
         with self._lock:
             self.latest = analysis
-            if self.ended_at is None:
+            if self.ended_at is None and not self._ranks_ended(analysis):
                 self.last_alive = analysis
             label = analysis.verdict.label
             if not self.history or self.history[-1][1] != label:
@@ -398,3 +485,8 @@ class Session:
             if self.last_alive is not None:
                 return self.last_alive
         return self.analyze()
+
+
+def _is_rank(info: RankInfo | None) -> bool:
+    """The hook names a rank (a launcher's record may carry the job's key but no rank)."""
+    return info is not None and info.rank is not None

@@ -34,6 +34,7 @@ from torchwatch.faces.tui.widgets import (
     GpuPanel,
     MemoryPanel,
     ProcessTable,
+    RanksTable,
     StackTable,
     StepsPanel,
     VerdictPanel,
@@ -42,7 +43,7 @@ from torchwatch.faces.tui.widgets import (
 from torchwatch.model.observation import ChildProcess, Observation
 
 STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
-PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log")
+PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log", "ranks")
 NAVIGATION_HELP = (
     ("tab / shift+tab", "move between the findings, the panel tabs and the panel's rows"),
     ("← / →", "previous / next panel (on the findings or the tabs)"),
@@ -158,6 +159,12 @@ class WatchApp(App[None]):
             with TabPane("Log", id="log"), Vertical():
                 yield Static(id="log-title", classes="legend")
                 yield Log(id="log-view", max_lines=2000)
+            with TabPane("Ranks", id="ranks"), Vertical():
+                yield RanksTable(id="ranks-table")
+                yield Static(
+                    "● the rank the other panels show · enter: show the rank under the cursor · a: the straggler",
+                    classes="legend",
+                )
         yield Static(id="sources")
         yield Footer()
 
@@ -172,6 +179,8 @@ class WatchApp(App[None]):
         if nvml is None or nvml.status.value != "ok":
             self.query_one(TabbedContent).active = "processes"
         self.query_one(FindingsList).focus()
+        if self.observation is None or len(self.observation.ranks) < 2:
+            self.query_one(TabbedContent).hide_tab("ranks")  # one process: no ranks to compare
         self._reader = Reader(
             self.watched.observe, self.post_message, self.refresh_s, LogTail(self.log_path) if self.log_path else None
         )
@@ -249,6 +258,8 @@ class WatchApp(App[None]):
             return
         self.query_one(VerdictPanel).observation = obs
         self.query_one(FindingsList).observation = obs
+        if len(obs.ranks) > 1 and (old is None or len(old.ranks) < 2):
+            self.query_one(TabbedContent).show_tab("ranks")
         self._fill_panel(self.query_one(TabbedContent).active, obs)
         show_text(self.query_one("#sources", Static), render.sources_text(obs.statuses))
         if isinstance(self.screen, EvidenceScreen):
@@ -269,6 +280,18 @@ class WatchApp(App[None]):
             self.query_one(BurstPanel).burst = obs.focus.burst
         elif panel == "memory":
             self.query_one(MemoryPanel).observation = obs
+        elif panel == "ranks":
+            self.query_one(RanksTable).observation = obs
+
+    def on_ranks_table_chosen(self, message: RanksTable.Chosen) -> None:
+        """Show the rank chosen in the other panels (py-spy follows it from its next chunk)."""
+        choose = getattr(self.watched, "choose_rank", None)
+        if choose is None:
+            self.notify("this view cannot choose a rank", severity="warning")
+            return
+        choose(message.rank)
+        shown = "the straggler (or the lowest rank)" if message.rank is None else f"rank {message.rank}"
+        self.notify(f"showing {shown} from the next analysis")
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         """A panel comes into view: draw it from the latest Observation."""
@@ -344,15 +367,23 @@ class WatchApp(App[None]):
         ]
         self.push_screen(HelpScreen([*rows, *NAVIGATION_HELP]))
 
+    def _panels(self) -> tuple[str, ...]:
+        """The panels shown: the Ranks panel only for a job of several ranks."""
+        obs = self.observation
+        return PANELS if obs is not None and len(obs.ranks) > 1 else tuple(p for p in PANELS if p != "ranks")
+
     def action_panel(self, step: int) -> None:
         """Show the previous / next panel."""
         tabs = self.query_one(TabbedContent)
-        i = PANELS.index(tabs.active) if tabs.active in PANELS else 0
-        tabs.active = PANELS[(i + step) % len(PANELS)]
+        panels = self._panels()
+        i = panels.index(tabs.active) if tabs.active in panels else 0
+        tabs.active = panels[(i + step) % len(panels)]
 
     def action_show_panel(self, index: int) -> None:
-        """Show panel number ``index`` (0-based) of :data:`PANELS`."""
-        self.query_one(TabbedContent).active = PANELS[index]
+        """Show panel number ``index`` (0-based) of :data:`PANELS` (the Ranks panel: ``8``, with
+        several ranks)."""
+        if PANELS[index] in self._panels():
+            self.query_one(TabbedContent).active = PANELS[index]
 
     async def action_quit(self) -> None:
         """Quit; in ``run`` mode with the training alive, first ask whether to stop it."""

@@ -13,6 +13,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import DataTable, Label, OptionList, Sparkline, Static
@@ -20,7 +21,7 @@ from textual.widgets.option_list import Option
 
 from torchwatch.faces.tui import render, views
 from torchwatch.model.findings import Finding
-from torchwatch.model.observation import BurstView, GpuRow, Observation, ProcessRow, StackRow
+from torchwatch.model.observation import BurstView, GpuRow, Observation, ProcessRow, RankView, StackRow, Straggler
 from torchwatch.model.units import fmt_bytes, fmt_mib_per_s, fmt_pct, fmt_share, series_range
 
 CellRow = tuple[str, Sequence[str | Text]]
@@ -253,6 +254,72 @@ class ProcessTable(DataTable[str | Text]):
                 for r in views.sort_rows(self.processes, self.sort_key)
             ),
         )
+
+
+class RanksTable(DataTable[str | Text]):
+    """The ranks of the job side by side, the straggler highlighted; ``enter`` shows the rank under
+    the cursor in the other panels (its stacks, steps, burst), ``a`` goes back to the straggler."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "choose", "Show rank"),
+        Binding("a", "auto", "Straggler"),
+    ]
+    observation: reactive[Observation | None] = reactive(None)
+
+    class Chosen(Message):
+        """The user chose the rank the panels show (``None``: the straggler, or the lowest rank)."""
+
+        def __init__(self, rank: int | None) -> None:
+            super().__init__()
+            self.rank = rank
+
+    def on_mount(self) -> None:
+        """Columns, row cursor."""
+        self.cursor_type = "row"
+        for label in ("rank", "PID", "step ms", "data wait ms", "compute ms", "collective wait ms", "CPU %", "label"):
+            self.add_column(label, key=label)
+
+    def watch_observation(self) -> None:
+        """Redraw on a new Observation."""
+        obs = self.observation
+        if obs is None or not self.columns:
+            return
+        fill_table(self, (rank_row(obs.ranks[r], obs.focus_rank, obs.straggler) for r in sorted(obs.ranks)))
+
+    def action_choose(self) -> None:
+        """Show the rank under the cursor."""
+        if 0 <= self.cursor_row < self.row_count:
+            self.post_message(self.Chosen(int(str(self.ordered_rows[self.cursor_row].key.value))))
+
+    def action_auto(self) -> None:
+        """Show the straggler again (the lowest rank when there is none)."""
+        self.post_message(self.Chosen(None))
+
+
+def rank_row(view: RankView, focus: int, straggler: Straggler | None) -> CellRow:
+    """One row of :class:`RanksTable`: ``●`` marks the rank shown, the straggler's row is bold red."""
+    r = view.reading
+    style = "bold red" if straggler is not None and straggler.rank == view.rank else ""
+
+    def ms(v: float | None) -> Text:
+        return Text("n/a" if v is None else f"{v:.1f}", justify="right", style=style)
+
+    label = view.verdict.label if view.verdict is not None else "n/a"
+    if style:
+        label += f"  ◀ straggler ({straggler.score:.2f})" if straggler is not None else ""
+    return (
+        str(view.rank),
+        (
+            Text(("● " if view.rank == focus else "  ") + str(view.rank), style=style),
+            Text(str(view.pid or "?"), style=style),
+            ms(r.step_ms if r else None),
+            ms(r.data_wait_ms if r else None),
+            ms(r.compute_ms if r else None),
+            ms(r.collective_wait_ms if r else None),
+            Text(fmt_pct(r.cpu_pct if r else None), justify="right", style=style),
+            Text(label, style=style),
+        ),
+    )
 
 
 class StackTable(DataTable[str | Text]):
