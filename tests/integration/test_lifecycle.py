@@ -45,6 +45,10 @@ COUNTS_SIGINT = (
 )
 
 
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class Watching:
     """``python -m torchwatch run --headless --json OUT ARGS -- COMMAND`` in its own session
     (no terminal, as under CI), its stderr read in the background."""
@@ -58,6 +62,9 @@ class Watching:
             text=True,
             cwd=REPO,
             start_new_session=True,
+            # torchwatch keeps an ignored SIGHUP ignored (as under nohup); a test run under nohup
+            # must not hand that on to the watch whose SIGHUP handling it checks
+            preexec_fn=_default_sighup,
         )
         self.stderr: list[str] = []
         self.stdout = ""
