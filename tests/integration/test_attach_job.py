@@ -6,6 +6,7 @@ named the straggler. 2 ranks, gloo on the CPU, one intra-op thread each."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -45,28 +46,42 @@ def _ranks_stepping(launcher: subprocess.Popen[str], timeout: float = 90.0) -> l
     raise AssertionError(f"the job did not start stepping (status {launcher.poll()})")
 
 
-@pytest.fixture(scope="module", params=["torchrun", "mp.spawn"])
-def job(request: pytest.FixtureRequest) -> Iterator[tuple[str, subprocess.Popen[str], list[psutil.Process]]]:
-    """A straggler_data job started without torchwatch, its launcher and its two ranks."""
+# Each way in once: the launcher-specific parts (RANK in the environment; torch's _wrap read from
+# a real stack; a spawned rank's live install) run either way, and tests/unit/test_job.py finds
+# the job from a rank and from the launcher under both launchers.
+WAYS = [("torchrun", "rank"), ("mp.spawn", "launcher")]
+
+
+@pytest.fixture(params=WAYS, ids=[f"{kind}-{named}" for kind, named in WAYS])
+def job(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, subprocess.Popen[str], list[psutil.Process]]]:
+    """A straggler_data job started without torchwatch: (launcher kind, what attach names, launcher, its two ranks)."""
+    kind, named = request.param
     script = [str(SCEN / "straggler_data.py"), "--seconds", "150"]
-    if request.param == "torchrun":
+    if kind == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *script]
     else:
         cmd = [sys.executable, *script]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHWATCH")}
     launcher = subprocess.Popen(
-        cmd, cwd=REPO, env=dict(env, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        cwd=REPO,
+        env=dict(env, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the ranks end with it
     )
     try:
-        yield request.param, launcher, _ranks_stepping(launcher)
+        yield kind, named, launcher, _ranks_stepping(launcher)
     finally:
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGINT)  # both launchers catch it and end their ranks
-            try:
-                launcher.wait(30)
-            except subprocess.TimeoutExpired:
-                launcher.kill()
-                launcher.wait(10)
+        # SIGINT to the launcher and its ranks (all catch it: an mp.spawn parent alone would wait
+        # for its ranks at exit), then SIGKILL to whatever of the group is left
+        os.killpg(launcher.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            launcher.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
 
 
 def _rank_of(proc: psutil.Process, ranks: list[psutil.Process]) -> int:
@@ -81,11 +96,10 @@ def _attach(tmp_path: Path, pid: int) -> Watched:
     return torchwatch(*args, json_path=out, timeout=WATCH_S + 90)
 
 
-@pytest.mark.parametrize("named", ["rank", "launcher"])
 def test_attach_to_a_rank_or_its_launcher_watches_the_whole_job(
-    job: tuple[str, subprocess.Popen[str], list[psutil.Process]], named: str, tmp_path: Path
+    job: tuple[str, str, subprocess.Popen[str], list[psutil.Process]], tmp_path: Path
 ) -> None:
-    kind, launcher, ranks = job
+    kind, named, launcher, ranks = job
     by_rank = {_rank_of(p, ranks): p for p in ranks}
     pid = by_rank[1].pid if named == "rank" else launcher.pid
     sigusr2_before = {p.pid: catches(p.pid, signal.SIGUSR2) for p in ranks}

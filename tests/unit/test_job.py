@@ -109,6 +109,15 @@ def test_spawned_children_are_ranks_only_when_they_run_torchs_wrap(tree: tuple[i
     # one rank and one worker: the worker is no rank of the job
     mixed = find_job(launcher, stacks=wraps({ranks_[1]}))
     assert [m.pid for m in mixed.ranks] == [ranks_[1]]
+    # a process a rank forked (a fork-context DataLoader worker) keeps the rank's frames below its own
+    fork_of_rank = (
+        "    _worker_loop (torch/utils/data/_utils/worker.py:300)\n    run (multiprocessing/process.py:108)\n"
+        "    _bootstrap (multiprocessing/process.py:314)\n    _launch (multiprocessing/popen_fork.py:71)\n"
+        "    train (train.py:40)\n    _wrap (torch/multiprocessing/spawn.py:90)\n"
+        "    _bootstrap (multiprocessing/process.py:314)\n    spawn_main (multiprocessing/spawn.py:122)\n"
+    )
+    assert not find_job(launcher, stacks=lambda pid: fork_of_rank).is_job
+    assert not find_job(launcher, stacks=lambda pid: fork_of_rank.replace("_worker_loop", "my_target")).is_job
     # stacks unreadable (no py-spy, no permission): no job rather than a guess
     assert not find_job(launcher, stacks=lambda pid: None).is_job
 

@@ -31,6 +31,10 @@ from torchwatch.sources.pyspy import find_pyspy
 
 SPAWN_WRAP = ("_wrap", os.path.join("torch", "multiprocessing", "spawn.py"))
 """The frame a ``torch.multiprocessing.spawn`` rank runs its function in: (function, file ending)."""
+WORKER_LOOP = ("_worker_loop", os.path.join("torch", "utils", "data", "_utils", "worker.py"))
+"""The frame a DataLoader worker runs its loop in."""
+BOOTSTRAP = ("_bootstrap", os.path.join("multiprocessing", "process.py"))
+"""The frame multiprocessing starts a child's target from (once per process started, fork or spawn)."""
 DUMP_TIMEOUT_S = 5.0  # py-spy dump of one process: ~0.1 s; a stuck read must not stall attach
 
 
@@ -171,13 +175,22 @@ def _env_rank(pid: int) -> tuple[int | None, bool]:
     return None, False
 
 
+def _frames(text: str, func: str, path: str) -> int:
+    """How many frames of ``func`` in a file ending ``path`` a ``py-spy dump`` text shows."""
+    return sum(f"{func} (" in line and path in line for line in text.splitlines())
+
+
 def _is_spawn_rank(pid: int, stacks: StackReader) -> bool | None:
-    """Whether a spawned child runs torch's ``_wrap`` (a rank), ``None`` when its stack is unreadable."""
+    """Whether a spawned child runs torch's ``_wrap`` (a rank), ``None`` when its stack is unreadable.
+
+    A process forked by a rank (a DataLoader worker with the ``fork`` context) keeps the rank's
+    frames below its own, ``_wrap`` included: it runs a second multiprocessing ``_bootstrap``
+    (or the DataLoader's ``_worker_loop``), and is no rank.
+    """
     text = stacks(pid)
     if text is None:
         return None
-    func, path = SPAWN_WRAP
-    return any(f"{func} (" in line and path in line for line in text.splitlines())
+    return _frames(text, *SPAWN_WRAP) >= 1 and _frames(text, *WORKER_LOOP) == 0 and _frames(text, *BOOTSTRAP) <= 1
 
 
 def _ranks_of(launcher: psutil.Process, kind: str, stacks: StackReader) -> tuple[list[Member], list[str]]:
@@ -240,8 +253,9 @@ def find_job(pid: int, stacks: StackReader = pyspy_dump) -> Job:
     # attach to a rank: its parent is the launcher
     if parent is None or _pid_ns(parent.pid) != _pid_ns(pid):
         return Job(pid, note="its parent is not in its PID namespace")
-    parent_kind = launcher_kind(_joined(parent))
-    if parent_kind is None and any(m in cmd for m in SPAWN_MARKERS):
+    parent_cmd = _joined(parent)
+    parent_kind = launcher_kind(parent_cmd)
+    if parent_kind is None and any(m in cmd for m in SPAWN_MARKERS) and not any(m in parent_cmd for m in SPAWN_MARKERS):
         if _is_spawn_rank(pid, stacks):
             parent_kind = "mp.spawn"
         else:
