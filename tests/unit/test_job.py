@@ -107,8 +107,12 @@ def test_spawned_children_are_ranks_only_when_they_run_torchs_wrap(tree: tuple[i
     alone = find_job(ranks_[0], stacks=wraps(set()))
     assert not alone.is_job and "_wrap" in alone.note
     # one rank and one worker: the worker is no rank of the job
-    mixed = find_job(launcher, stacks=wraps({ranks_[1]}))
-    assert [m.pid for m in mixed.ranks] == [ranks_[1]]
+    mixed = find_job(launcher, stacks=wraps({ranks_[0]}))
+    assert [m.pid for m in mixed.ranks] == [ranks_[0]]
+    # the oldest spawned child decides whether the parent launched ranks (one py-spy dump)
+    read: list[int] = []
+    assert not find_job(launcher, stacks=lambda pid: read.append(pid) or wraps({ranks_[1]})(pid)).is_job
+    assert read == [ranks_[0]]
     # a process a rank forked (a fork-context DataLoader worker) keeps the rank's frames below its own
     fork_of_rank = (
         "    _worker_loop (torch/utils/data/_utils/worker.py:300)\n    run (multiprocessing/process.py:108)\n"

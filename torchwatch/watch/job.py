@@ -246,7 +246,9 @@ def find_job(pid: int, stacks: StackReader = pyspy_dump) -> Job:
     kind = launcher_kind(cmd)
     if kind is None and not any(m in cmd for m in SPAWN_MARKERS):
         kids = [c for c in _children(proc) if any(m in _joined(c) for m in SPAWN_MARKERS)]
-        if kids and any(_is_spawn_rank(c.pid, stacks) for c in kids):
+        # the oldest spawned child decides (a training with 8 spawned DataLoader workers costs one
+        # py-spy dump, not 8); each child is then read on its own
+        if kids and _is_spawn_rank(min(kids, key=_created).pid, stacks):
             kind = "mp.spawn"
     if kind is not None:
         return _job(pid, proc, kind, stacks)
@@ -266,6 +268,13 @@ def find_job(pid: int, stacks: StackReader = pyspy_dump) -> Job:
     if not any(m.pid == pid for m in job.ranks):
         return Job(pid, note=f"it is not one of the ranks of its parent (PID {parent.pid})")
     return job
+
+
+def _created(proc: psutil.Process) -> tuple[float, int]:
+    try:
+        return proc.create_time(), proc.pid
+    except psutil.Error:
+        return float("inf"), proc.pid
 
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:
