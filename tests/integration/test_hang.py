@@ -29,9 +29,11 @@ HANG_AFTER_S = 5.0
 SLACK_S = 5.0  # the acceptance: recorded within --hang-after + 5 s of the last step
 
 
-def _start(tmp_path: Path, *command: str) -> tuple[subprocess.Popen[bytes], Path]:
+def _start(tmp_path: Path, *command: str, stall_s: float | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     """The training, hooked, in a session of its own (the test ends its whole group)."""
     env = hook_env()
+    if stall_s is not None:
+        env["TORCHWATCH_SCENARIO_STALL_S"] = str(stall_s)
     env["TORCHWATCH_DIR"] = str(tmp_path / "tw")
     env["TORCHWATCH_SCENARIO_HANG_AFTER_S"] = "8"  # steps for 8 s, so the watch sees it step first
     log = tmp_path / "training.log"
@@ -54,12 +56,14 @@ def _hooked(tmp_path: Path, n: int) -> None:
 
 
 def _attach(tmp_path: Path, pid: int) -> tuple[int, dict[str, Any], str]:
+    """``torchwatch attach PID --no-inject --headless --duration 24 --hang-after 5 --fail-on hang``:
+    its status, JSON report, and stdout + stderr (the text report and the status lines)."""
     out = tmp_path / "report.json"
     args = ["attach", str(pid), "--no-inject", "--headless", "--duration", "24", "--json", str(out)]
     watched = torchwatch(*args, "--hang-after", str(HANG_AFTER_S), "--fail-on", "hang", json_path=out, timeout=150)
     assert watched.report is not None, watched.stderr[-3000:]
     assert "Traceback" not in watched.stderr, watched.stderr[-3000:]
-    return watched.code, watched.report, watched.stderr
+    return watched.code, watched.report, watched.stdout + watched.stderr
 
 
 def _untouched(pids: list[int]) -> list[str]:
@@ -143,5 +147,24 @@ def test_a_dataloader_worker_stuck_in_getitem_is_named_with_its_frame(tmp_path: 
         assert f"DataLoader worker PID {odd['pid']} is stuck in the dataset at fetch_label" in h["summary"]
         print("\n".join(_untouched([proc.pid, *(p["pid"] for p in workers)])))
         assert "done" not in log.read_text()
+    finally:
+        _end(proc)
+
+
+def test_a_stall_that_ends_is_reported_as_a_stall_of_n_s_and_recorded_once(tmp_path: Path) -> None:
+    proc, _ = _start(tmp_path, str(SCENARIOS / "stuck_worker.py"), "--seconds", "300", stall_s=12.0)
+    try:
+        _hooked(tmp_path, 1)
+        code, report, stderr = _attach(tmp_path, proc.pid)
+        h = report["hang"]
+        assert h is not None, stderr[-3000:]
+        print(f"{h['state']}: {h['stalled_s']} s without a step, resumed at {h['resumed_s']} s; {h['summary']}")
+        assert code == 3  # a hang was recorded, though it ended
+        assert h["state"] == "stall" and h["number"] == 1, h  # one record for the one stall
+        assert h["resumed_s"] is not None and 10.0 <= h["stalled_s"] <= 20.0, h
+        assert h["stalled_s"] == pytest.approx(h["resumed_s"] - h["last_step_s"], abs=0.05)
+        assert "stall: PID" in stderr and "stepped again at" in stderr  # the text report and the status line
+        assert h["odd_one_out"] is not None and h["odd_one_out"]["top_frame"].startswith("fetch_label (")
+        assert report["hook"]["steps"] > 0 and proc.poll() is None
     finally:
         _end(proc)

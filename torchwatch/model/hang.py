@@ -111,6 +111,7 @@ class HangView:
         summary: one line saying who waits where and who is elsewhere.
         dump_s: wall seconds all the dumps took together (py-spy pauses each process only for its own dump).
         dumps: the dumps themselves (every thread), for the hang file.
+        number: how many hangs this watch recorded, this one included (one per stall).
     """
 
     state: str
@@ -128,6 +129,7 @@ class HangView:
     summary: str = ""
     dump_s: float = 0.0
     dumps: tuple[ProcessDump, ...] = ()
+    number: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``hang`` key: every field but the dumps' frames, which go to the hang file

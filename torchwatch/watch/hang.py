@@ -83,6 +83,7 @@ class HangRecorder:
             fired_s=round(fired.now - self.started, 2),
             detected_after_s=round(fired.now - fired.last_end, 2),
             stalled_s=round(fired.now - fired.last_end, 2),
+            number=self.recorded,
         )
         log.warning(
             "no step in PID %s for %.1f s (%s): dumping every thread", fired.pid, view.stalled_s, fired.threshold_from
