@@ -4,9 +4,9 @@ rank and DataLoader worker says about it. Pure functions of step times, the cloc
 A hang here is a process that *has stepped* and then makes no step for longer than
 :func:`threshold`: ``max(30 s, 20 x p95 of its own step times)``, or ``--hang-after``.
 
-- 30 s: far below the time a stuck collective takes to fail by itself (the NCCL process
-  group's default timeout is 10 min, 30 min in older PyTorch releases; gloo's 30 min), so the
-  dump comes while the job still hangs, and well above the pauses a healthy training makes
+- 30 s: far below the time a stuck collective takes to fail by itself (PyTorch's default
+  process-group timeout, ``torch.distributed.constants.default_pg_timeout``, is 30 min; NCCL's,
+  ``default_pg_nccl_timeout`` in CUDA builds, 10 min), so the dump comes while the job still hangs, and well above the pauses a healthy training makes
   (a checkpoint save, an evaluation pass, a DataLoader's workers starting each epoch take seconds).
 - 20 x p95: a step 20 times its own 95th percentile is far outside the spread of any real step
   distribution (step times vary by a few x at most between the fastest and slowest 5 %), so a
