@@ -4,19 +4,26 @@ the recorder's life cycle with a fake dump, and how a hang is said and written."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import pytest
+from textual.widgets import Static
 
+from tests.unit.test_rank_analysis import JobWatch
+from tests.unit.test_tui_app import plain
 from torchwatch.analysis import hang
 from torchwatch.faces.hang import hang_file_text, hang_lines, hang_path, notice
 from torchwatch.faces.report import write_atomic
+from torchwatch.faces.tui.app import WatchApp
+from torchwatch.hook.wire import HookRecord, Instance, RankInfo
 from torchwatch.model.hang import DumpedThread, HangView, ProcessDump
-from torchwatch.model.readings import HookState, Role
+from torchwatch.model.observation import Observation, RankView, TargetView
+from torchwatch.model.readings import Frame, HookState, Role
 from torchwatch.sources.proc import TreeNode
 from torchwatch.sources.pyspy import parse_dump
 from torchwatch.watch.hang import HangRecorder
@@ -159,9 +166,7 @@ class FakeTree:
         return list(self.nodes_)
 
 
-def _frames(*names: str) -> tuple[Any, ...]:
-    from torchwatch.model.readings import Frame
-
+def _frames(*names: str) -> tuple[Frame, ...]:
     return tuple(Frame(n, f, 1) for n, f in (name.split("@") for name in names))
 
 
@@ -177,8 +182,6 @@ def _fake_dump(pid: int) -> tuple[tuple[DumpedThread, ...], str | None, float]:
 
 
 def _reading(pid: int, rank: int, steps: tuple[tuple[float, float, float], ...]) -> HookState:
-    from torchwatch.hook.wire import HookRecord, Instance, RankInfo
-
     record = HookRecord(Instance(pid, 1, 1), "3.11", "2.13", 0.0, 0, False, rank=RankInfo(rank=rank, world_size=2))
     return HookState(
         t=0.0, pid=pid, steps=len(steps), batches=0, data_wait_s=0.0, in_next_since=0.0, new_steps=steps, record=record
@@ -261,3 +264,25 @@ def test_the_hang_file_replaces_a_planted_symlink_never_writes_through_it(tmp_pa
     os.symlink(victim, path)
     write_atomic(path, hang_file_text(_view(), "r.json"))
     assert victim.read_text() == "keep" and not path.is_symlink() and "wait_for_token" in path.read_text()
+
+
+def test_the_tui_shows_the_hang_above_the_sources_and_notifies_once_per_change() -> None:
+    obs = Observation(t=0.0, elapsed_s=20.0, window_s=10.0, target=TargetView(5), ranks={0: RankView(0, 5)})
+    watch = JobWatch(obs)
+    app = WatchApp(watch)
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(str(message))  # type: ignore[method-assign]
+
+    async def go() -> None:
+        async with app.run_test(size=(140, 34)) as pilot:
+            await pilot.pause()
+            assert "HANG" not in plain(app.query_one("#sources", Static).content) and notes == []
+            app.observation = watch.obs = replace(obs, t=1.0, hang=_view())
+            await pilot.pause()
+            shown = plain(app.query_one("#sources", Static).content)
+            assert "HANG: rank 0 (PID 13957)" in shown and "rank 1 (PID 13958) is the odd one out" in shown
+            app.observation = watch.obs = replace(obs, t=2.0, hang=_view())  # the same hang: no new notification
+            await pilot.pause()
+            assert len(notes) == 1 and notes[0].startswith("HANG: rank 0")
+
+    asyncio.run(go())

@@ -472,7 +472,7 @@ class Session:
             burst_possible=possible,
             history=history,
             own_usage=self.own_usage(),
-            hang=self.hang.view(now),
+            hang=self.hang.view(self.ended_at if self.ended_at is not None else now),  # a stall ends with the training
         )
         return observe(self.store, tick, self.trends)
 
