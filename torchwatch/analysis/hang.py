@@ -6,11 +6,12 @@ A hang here is a process that *has stepped* and then makes no step for longer th
 
 - 30 s: far below the time a stuck collective takes to fail by itself (PyTorch's default
   process-group timeout, ``torch.distributed.constants.default_pg_timeout``, is 30 min; NCCL's,
-  ``default_pg_nccl_timeout`` in CUDA builds, 10 min), so the dump comes while the job still hangs, and well above the pauses a healthy training makes
-  (a checkpoint save, an evaluation pass, a DataLoader's workers starting each epoch take seconds).
-- 20 x p95: a step 20 times its own 95th percentile is far outside the spread of any real step
-  distribution (step times vary by a few x at most between the fastest and slowest 5 %), so a
-  slow training (minutes per step) is not called hung for one slow step.
+  ``default_pg_nccl_timeout`` in CUDA builds, 10 min), so the dump comes while the job still
+  hangs; and above the pauses a healthy training makes (a checkpoint save, an evaluation pass,
+  a DataLoader's workers starting each epoch take seconds).
+- 20 x p95: the p95 already holds the slow steps of the training's own noise (data hiccups,
+  periodic logging); a gap 20 times that is far outside it, so a slow training (minutes per
+  step) is not called hung for one slow step.
 
 Before its first measured step a process is not armed: a training that never steps (still
 loading data or compiling, or stuck before its loop) is no hang of this kind; nothing fires.
