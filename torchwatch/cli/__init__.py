@@ -42,7 +42,11 @@ ENVIRONMENT = {
 EXIT_STATUS = (
     ("N", "run: the training's own exit status (128+N when signal N ended it)"),
     ("0", "torchwatch stopped the training as asked (--duration, q in the TUI), or watching ended normally"),
-    ("3", "--fail-on: the final verdict is one of its labels (and the status would have been 0)"),
+    (
+        "3",
+        "--fail-on: the final verdict is one of its labels, or it names hang and a hang was recorded "
+        "(and the status would have been 0)",
+    ),
     ("2", "usage error: a bad option or value, a malformed rule file"),
     (
         "1",
@@ -106,9 +110,9 @@ def _window(text: str) -> float:
 
 def _labels(text: str) -> tuple[str, ...]:
     labels = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [x for x in labels if x not in LABELS]
+    bad = [x for x in labels if x not in (*LABELS, "hang")]
     if bad or not labels:
-        raise argparse.ArgumentTypeError(f"--fail-on takes labels from {', '.join(LABELS)}, not {text!r}")
+        raise argparse.ArgumentTypeError(f"--fail-on takes labels from {', '.join(LABELS)} and hang, not {text!r}")
     return labels
 
 
@@ -179,7 +183,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--fail-on",
         type=_labels,
         metavar="LABEL[,LABEL...]",
-        help="exit 3 when the final verdict is one of these labels (for CI); the command's own failure wins",
+        help="exit 3 when the final verdict is one of these labels, or (hang) when a hang was recorded (for CI); "
+        "the command's own failure wins",
+    )
+    p.add_argument(
+        "--hang-after",
+        type=_positive("--hang-after"),
+        metavar="SECONDS",
+        help="a process that stepped and then makes no step for SECONDS is hung: every thread of every rank and "
+        "DataLoader worker is dumped once (default: max(30 s, 20 x its p95 step time))",
     )
     _logging_options(p, top=False)
 

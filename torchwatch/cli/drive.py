@@ -29,10 +29,11 @@ import psutil
 
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.cli.injecting import Injected, detach_hook, inject_hook
-from torchwatch.faces import report
+from torchwatch.faces import hang, report
 from torchwatch.faces.headless import status_line
 from torchwatch.inject.injector import Injector
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
+from torchwatch.model.observation import Observation
 from torchwatch.watch.lifecycle import (
     Launched,
     StopSignals,
@@ -65,6 +66,7 @@ class WatchOptions:
     fail_on: tuple[str, ...] = ()
     inject: bool = True
     keep_hook: bool = False
+    hang_after: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -81,11 +83,17 @@ class WatchOptions:
             fail_on=tuple(args.fail_on or ()),
             inject=not getattr(args, "no_inject", False),
             keep_hook=bool(getattr(args, "keep_hook", False)),
+            hang_after=getattr(args, "hang_after", None),
         )
 
     def session_options(self, launched: bool = False) -> SessionOptions:
         """The :class:`SessionOptions` these options ask for (``launched``: by ``run``)."""
-        return SessionOptions(window_s=self.window, trace_path=self.trace, hook_expected=launched and self.hook)
+        return SessionOptions(
+            window_s=self.window,
+            trace_path=self.trace,
+            hook_expected=launched and self.hook,
+            hang_after=self.hang_after,
+        )
 
 
 @dataclass(frozen=True)
@@ -253,9 +261,13 @@ def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
 
 
 def _failed_on(session: Session, opts: WatchOptions) -> bool:
-    """``--fail-on``: whether the final verdict is one of the labels named (says so on stderr)."""
+    """``--fail-on``: whether the final verdict is one of the labels named, or ``hang`` is named and
+    a hang was recorded (says so on stderr)."""
     if not opts.fail_on:
         return False
+    if "hang" in opts.fail_on and session.hang.recorded:
+        print(f"torchwatch: a hang was recorded and --fail-on names hang: exit {EXIT_FAIL_ON}", file=sys.stderr)
+        return True
     label = session.final().verdict.label
     if label in opts.fail_on:
         print(
@@ -360,7 +372,7 @@ def _tui(
 
 
 def _headless(session: Session, child: Launched | None, opts: WatchOptions, start: float, stops: StopSignals) -> Ending:
-    last_label: tuple[str, int | None] | None = None
+    last_label: tuple[str, int | None, tuple[float, str] | None] | None = None
     last_print = 0.0
     status_ok = True
     while True:
@@ -374,9 +386,13 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
         if opts.duration is not None and now - start >= opts.duration:
             return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
         obs = session.latest_observation
-        # A new straggler (or none any more) is news as much as a new label.
+        # A new straggler (or none any more), a hang and its end are news as much as a new label.
         label = (
-            (obs.verdict.label, obs.straggler.rank if obs.straggler is not None else None)
+            (
+                obs.verdict.label,
+                obs.straggler.rank if obs.straggler is not None else None,
+                (obs.hang.fired_s, obs.hang.state) if obs.hang is not None else None,
+            )
             if obs is not None and obs.verdict is not None
             else None
         )
@@ -414,6 +430,20 @@ def _show_log(path: Path, lines: int = 40) -> None:
         _emit(f"torchwatch: the training's output ({len(text)} lines) is in {path}", sys.stderr, fatal=False)
 
 
+def _write_hang_file(obs: Observation, report_path: Path) -> None:
+    """The recorded hang's threads in ``<report stem>.hang.txt`` beside the report, written as the
+    report is (a new file renamed into place, never through a symlink); nothing when none was recorded."""
+    if obs.hang is None:
+        return
+    path = hang.hang_path(report_path)
+    try:
+        report.write_atomic(path, hang.hang_file_text(obs.hang, report_path.name) + "\n")
+    except OSError as exc:
+        print(f"torchwatch: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+    else:
+        _emit(f"torchwatch: hang record written to {path}", sys.stderr, fatal=False)
+
+
 def _write_reports(
     session: Session,
     child: Launched | None,
@@ -442,6 +472,7 @@ def _write_reports(
         else:
             if target != Path(opts.json_path).expanduser():
                 _emit(f"torchwatch: JSON report written to {target}", sys.stderr, fatal=False)
+            _write_hang_file(obs, target)
     if log_path is not None:
         _show_log(log_path)
     _emit(text, sys.stdout)

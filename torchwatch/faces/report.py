@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch.faces.burst import burst_lines
+from torchwatch.faces.hang import hang_lines
 from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.findings import Verdict
@@ -68,7 +69,9 @@ def build(
     ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known), ``injection``
     (``injection`` above; ``null`` when not tried), ``ranks`` (one object per rank of a job of
     several processes, :func:`ranks_json`; ``[]`` for one process) and ``straggler`` (the rank
-    that paces the job, :func:`straggler_json`; ``null`` when none does).
+    that paces the job, :func:`straggler_json`; ``null`` when none does), ``hang`` (the stall /
+    hang recorder's last record, :meth:`~torchwatch.model.hang.HangView.to_json`; ``null`` when
+    none was recorded).
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
     code = exit_code if exit_code is not None else obs.target.exit_code
@@ -90,6 +93,7 @@ def build(
         "injection": None if injection is None else _clean(injection),
         "ranks": ranks_json(obs),
         "straggler": straggler_json(obs),
+        "hang": None if obs.hang is None else _clean(obs.hang.to_json()),
     }
 
 
@@ -284,6 +288,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
         for name, st in report["sources"].items()
     )
+    lines += hang_lines(report.get("hang"))
     lines += rank_lines(report.get("ranks") or [], report.get("straggler"))
     lines += hook_lines(report.get("hook"))
     lines.append(f"sources: {srcs}")

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
+from torchwatch.model.hang import HangView
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
 
 __all__ = [
@@ -426,6 +427,8 @@ class Observation:
         memory: host and device memory trends.
         history: the verdict's changes since watching started.
         own_usage: what watching cost so far.
+        hang: the last hang the stall / hang recorder made (a stall once the training stepped
+            again); ``None`` when none.
     """
 
     t: float
@@ -448,6 +451,7 @@ class Observation:
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
     sampling: str = "fast"
+    hang: HangView | None = None
 
     @property
     def focus(self) -> RankView:

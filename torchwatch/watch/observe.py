@@ -19,6 +19,7 @@ from torchwatch.analysis.features import CATALOGUE, thread_states
 from torchwatch.analysis.store import Store
 from torchwatch.hook.wire import HookRecord
 from torchwatch.model.errors import shell_status
+from torchwatch.model.hang import HangView
 from torchwatch.model.observation import (
     BurstView,
     ChildProcess,
@@ -90,6 +91,7 @@ class Tick:
         hook_status: the hook source's status (``None``: the session reads no hook).
         burst_possible: whether a burst may be asked for, and why not.
         history: the verdict's changes. own_usage: what watching cost so far.
+        hang: the last hang the recorder made (``None``: none).
     """
 
     now: float
@@ -104,6 +106,7 @@ class Tick:
     burst_possible: tuple[bool, str] = (False, NO_HOOK)
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
+    hang: HangView | None = None
 
 
 def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
@@ -300,6 +303,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         memory=views.memory_trend(long.processes, long.gpus),
         history=tick.history,
         own_usage=tick.own_usage,
+        hang=tick.hang,
     )
 
 
