@@ -122,6 +122,25 @@ def _steps(text: str) -> tuple[int, ...]:
     return steps
 
 
+def _listen(text: str) -> tuple[str, int]:
+    """``--prometheus [HOST:]PORT`` (:func:`torchwatch.faces.prometheus.parse_listen`)."""
+    from torchwatch.faces.prometheus import parse_listen
+
+    try:
+        return parse_listen(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _prometheus_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prometheus",
+        type=_listen,
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST defaults to 127.0.0.1: this machine only)",
+    )
+
+
 def _logging_options(p: argparse.ArgumentParser, top: bool) -> None:
     """``-v`` and ``--log-file``, accepted before and after the command name."""
     default_v: object = False if top else argparse.SUPPRESS
@@ -181,6 +200,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="LABEL[,LABEL...]",
         help="exit 3 when the final verdict is one of these labels (for CI); the command's own failure wins",
     )
+    _prometheus_option(p)
     _logging_options(p, top=False)
 
 
