@@ -293,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="include the rules of DIR, as run and attach would",
     )
     _add_doctor(sub)
+    _add_compare(sub)
     _logging_options(listing, top=False)
     return parser
 
@@ -308,6 +309,21 @@ def _add_doctor(sub: Any) -> None:
     doctor.add_argument("pid", nargs="?", metavar="PID", help="a training process to check too")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     _logging_options(doctor, top=False)
+
+
+def _add_compare(sub: Any) -> None:
+    """``torchwatch compare A.json B.json [--markdown]`` (torchwatch/faces/compare.py)."""
+    compare = sub.add_parser(
+        "compare",
+        help="compare two JSON reports: speedup, verdicts, settings that differ, features that moved",
+        description="Compare report A (before) with report B (after), both written by run/attach --json: steps/s "
+        "change (x, %%), both verdicts, the settings that differ and those that do not, the features that moved "
+        "most. Exit 2 when a file is not a torchwatch report.",
+    )
+    compare.add_argument("a", metavar="A.json", help="the report before the change")
+    compare.add_argument("b", metavar="B.json", help="the report after the change")
+    compare.add_argument("--markdown", action="store_true", help="print Markdown, for a pull-request comment")
+    _logging_options(compare, top=False)
 
 
 class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -415,6 +431,11 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
             from torchwatch.cli.doctor import doctor_command
 
             code = doctor_command(args.pid, args.json)
+        elif args.command == "compare":
+            from torchwatch.faces.compare import compare_files
+
+            print(compare_files(args.a, args.b, args.markdown))
+            code = 0
         elif args.command == "detach":
             from torchwatch.cli.injecting import detach_command
 

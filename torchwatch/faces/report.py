@@ -10,12 +10,15 @@ import json
 import math
 import os
 import secrets
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from torchwatch import __version__
 from torchwatch.faces.burst import burst_lines
 from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
 from torchwatch.model.errors import TorchwatchError
@@ -47,6 +50,7 @@ def build(
     exit_code: int | None = None,
     watched_s: float | None = None,
     injection: dict[str, Any] | None = None,
+    created: datetime | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
@@ -58,6 +62,7 @@ def build(
         watched_s: seconds watched (``None``: the Observation's ``elapsed_s``).
         injection: what ``attach`` did to get the hook inside (``injected``, ``method``,
             ``pause_ms``, ``reason``); ``None`` when it did not try (``run``, ``--no-inject``).
+        created: when the report was made (``None``: now).
 
     Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
     ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
@@ -68,12 +73,18 @@ def build(
     ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known), ``injection``
     (``injection`` above; ``null`` when not tried), ``ranks`` (one object per rank of a job of
     several processes, :func:`ranks_json`; ``[]`` for one process) and ``straggler`` (the rank
-    that paces the job, :func:`straggler_json`; ``null`` when none does).
+    that paces the job, :func:`straggler_json`; ``null`` when none does), ``torchwatch_version``,
+    ``created`` (ISO-8601 UTC, seconds: ``2026-11-23T17:55:03Z``) and ``host`` (the machine's name),
+    so that ``torchwatch compare`` can say what it compares.
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
     code = exit_code if exit_code is not None else obs.target.exit_code
+    when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
     return {
         "schema": SCHEMA,
+        "torchwatch_version": __version__,
+        "created": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": socket.gethostname(),
         "target": {"pid": obs.target.pid, "cmdline": list(obs.target.cmdline), "exit_code": code},
         "ended_by": ended_by,
         "window": {"seconds": float(obs.window_s)},
