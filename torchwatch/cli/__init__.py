@@ -294,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_doctor(sub)
     _add_compare(sub)
+    _add_serve(sub)
     _logging_options(listing, top=False)
     return parser
 
@@ -324,6 +325,29 @@ def _add_compare(sub: Any) -> None:
     compare.add_argument("b", metavar="B.json", help="the report after the change")
     compare.add_argument("--markdown", action="store_true", help="print Markdown, for a pull-request comment")
     _logging_options(compare, top=False)
+
+
+def _add_serve(sub: Any) -> None:
+    """``torchwatch serve [--prometheus [HOST:]PORT]`` (torchwatch/cli/serve.py)."""
+    serve = sub.add_parser(
+        "serve",
+        help="watch every PyTorch training on this machine (one exporter per node)",
+        description="Look for PyTorch trainings every --scan seconds (Python processes that loaded libtorch, "
+        "topmost of their tree: a torchrun launcher with its ranks) and watch each from outside, with the "
+        "readings of torchwatch's hook where a training carries it; nothing is injected. New trainings are "
+        "picked up, ended ones dropped. --prometheus serves them all; without it a status line per training "
+        "goes to stderr. SIGTERM or SIGINT stops it (exit 128+N).",
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _prometheus_option(serve)
+    serve.add_argument(
+        "--scan", type=_positive("--scan"), default=5.0, metavar="SECONDS", help="look for trainings every SECONDS"
+    )
+    serve.add_argument("--window", type=_window, default=10.0, metavar="SECONDS", help="verdict window, 3 to 300")
+    serve.add_argument("--duration", type=_duration, metavar="SECONDS", help="stop after SECONDS")
+    serve.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[], help="add rules from DIR")
+    _logging_options(serve, top=False)
 
 
 class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -436,6 +460,18 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
 
             print(compare_files(args.a, args.b, args.markdown))
             code = 0
+        elif args.command == "serve":
+            from torchwatch.cli.serve import serve_command
+
+            with stops:
+                code = serve_command(
+                    args.prometheus,
+                    stops,
+                    scan_s=args.scan,
+                    window_s=args.window,
+                    duration=args.duration,
+                    rules_dirs=args.rules,
+                )
         elif args.command == "detach":
             from torchwatch.cli.injecting import detach_command
 
