@@ -277,3 +277,11 @@ def test_port_in_use_is_one_line_with_the_fix(capsys: pytest.CaptureFixture[str]
 def test_bad_prometheus_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--prometheus", "nope", "--", "true"]) == 2
     assert "--prometheus takes [HOST:]PORT" in capsys.readouterr().err
+
+
+def test_a_rank_watched_alone_keeps_its_own_rank() -> None:
+    view = RankView(
+        0, 400, steps=StepsView(status="ok", pid=400, p50_ms=80.0), rank_info=RankInfo(rank=3, local_rank=1)
+    )
+    got = samples([Observation(t=1.0, elapsed_s=5.0, window_s=10.0, target=TargetView(400), ranks={0: view})])
+    assert value(got, "torchwatch_step_time_seconds", rank="3", local_rank="1") == pytest.approx(0.08)

@@ -170,6 +170,9 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
         if view.pid is None and view.reading is None and view.steps.steps is None:
             continue  # nothing known of it yet
         local = "" if info is None or info.local_rank is None else str(info.local_rank)
+        # one process shown alone is key 0; its hook may know its real rank (a rank watched by itself)
+        if len(o.ranks) == 1 and info is not None and info.rank is not None:
+            rank = info.rank
         labels = (str(rank), local, _job(view), host, "" if view.pid is None else str(view.pid))
         steps, reading = view.steps, view.reading
         proc = procs.get(view.pid) if view.pid is not None else None

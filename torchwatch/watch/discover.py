@@ -6,7 +6,8 @@ that imports torch (torchrun) stands for its ranks, a training for its DataLoade
 are below it). Nothing is injected, signalled or written: only ``/proc`` is read, so it is safe
 on other users' processes when run as root; without root only the caller's own processes can be
 read (``/proc/PID/maps`` of another user's process is refused) and only those are found.
-torchwatch itself, its descendants (py-spy) and its ancestors are left out.
+torchwatch itself and its ancestors are left out (its descendants are py-spy, never Python). A
+test runner or notebook that imported torch counts as the training of everything below it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def find_trainings(exclude: Iterable[int] = ()) -> dict[int, float]:
     processes that loaded libtorch (see the module docstring).
 
     Args:
-        exclude: PIDs to leave out with their descendants (besides torchwatch's own branch).
+        exclude: PIDs to leave out with their descendants (besides torchwatch and its ancestors).
     """
     me = os.getpid()
     skip = {me, *exclude}
@@ -86,11 +87,11 @@ def find_trainings(exclude: Iterable[int] = ()) -> dict[int, float]:
             torch[pid] = float(proc.info["create_time"] or 0.0)
     out = {}
     for pid, started in torch.items():
-        # walk up: below torchwatch (py-spy, a child it launched) or below another torch process: not a root
+        # walk up: below another torch process (or one excluded) it is not a training of its own
         node, top = parents.get(pid), True
         seen = 0
         while node and seen < 4096:
-            if node in torch or node == me or node in exclude:
+            if node in torch or node in exclude:
                 top = False
                 break
             node, seen = parents.get(node), seen + 1
