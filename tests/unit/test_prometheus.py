@@ -242,14 +242,14 @@ def test_parse_listen_rejects(text: str) -> None:
         parse_listen(text)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def test_server_serves_metrics_and_stops() -> None:
-    port = _free_port()
+    port = free_port()
     server = MetricsServer(ObservationCollector(lambda: [two_ranks()], "node1"), "127.0.0.1", port)
     try:
         body = urllib.request.urlopen(server.url, timeout=5).read().decode()

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.unit.test_prometheus import free_port
 from torchwatch.cli.serve import Fleet
 from torchwatch.watch.discover import find_trainings, loads_torch
 
@@ -96,14 +97,8 @@ def test_a_process_that_cannot_be_watched_is_said_once(capsys: pytest.CaptureFix
     assert capsys.readouterr().err.count("not watching PID") == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serve_exports_and_sigterm_stops_it_cleanly() -> None:
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen(
         [sys.executable, "-m", "torchwatch", "serve", "--prometheus", f"127.0.0.1:{port}", "--scan", "1"],
         cwd=REPO,

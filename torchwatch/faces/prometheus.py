@@ -259,27 +259,15 @@ def _gpu_metrics(out: _Families, obs: Sequence[Observation], o: Observation, hos
         gauge("memory_total_bytes", "device memory, bytes", row.mem_total_bytes)
         if last is None:
             continue
-        gauge("sm_active_ratio", _help(obs, "gpu_sm_active_mean", "share of SMs busy (GPM)"), _pct(last.sm_active_pct))
-        gauge(
-            "sm_occupancy_ratio",
-            _help(obs, "gpu_sm_occupancy_mean", "resident warps / maximum (GPM)"),
-            _pct(last.sm_occupancy_pct),
+        gpm = (
+            ("sm_active_ratio", "gpu_sm_active_mean", "share of SMs busy (GPM)", last.sm_active_pct),
+            ("sm_occupancy_ratio", "gpu_sm_occupancy_mean", "resident warps / maximum (GPM)", last.sm_occupancy_pct),
+            ("tensor_active_ratio", "gpu_tensor_active_mean", "tensor-core activity (GPM)", last.tensor_active_pct),
+            ("dram_bandwidth_ratio", "gpu_dram_bw_mean", "DRAM bandwidth used / peak (GPM)", last.dram_bw_pct),
+            ("training_sm_ratio", "gpu_proc_sm_pct", "the training's own SM utilization", last.proc_sm_pct),
         )
-        gauge(
-            "tensor_active_ratio",
-            _help(obs, "gpu_tensor_active_mean", "tensor-core activity (GPM)"),
-            _pct(last.tensor_active_pct),
-        )
-        gauge(
-            "dram_bandwidth_ratio",
-            _help(obs, "gpu_dram_bw_mean", "DRAM bandwidth used / peak (GPM)"),
-            _pct(last.dram_bw_pct),
-        )
-        gauge(
-            "training_sm_ratio",
-            _help(obs, "gpu_proc_sm_pct", "the training's own SM utilization"),
-            _pct(last.proc_sm_pct),
-        )
+        for name, feature, fallback, pct in gpm:
+            gauge(name, _help(obs, feature, fallback), _pct(pct))
 
 
 def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
