@@ -27,7 +27,7 @@ import errno
 import ipaddress
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -471,13 +471,3 @@ def _bind_error(exc: OSError, host: str, port: int) -> TorchwatchError:
         f"--prometheus {host}:{port}: cannot listen there: {exc.strerror or exc}",
         "give an address of this machine (127.0.0.1, 0.0.0.0, ::) and a free port",
     )
-
-
-def latest_of(sources: Mapping[int, Callable[[], Observation | None]]) -> list[Observation]:
-    """The latest Observation of each source that has one (``serve``: one source per training)."""
-    out = []
-    for get in sources.values():
-        o = get()
-        if o is not None:
-            out.append(o)
-    return out
