@@ -71,6 +71,8 @@ def test_features_that_moved_most_by_points_and_relative_change(pair: tuple[dict
     assert moves["rss_bytes"].score == pytest.approx(0.5 / 1.5)
     assert "main_cpu_pct" not in moves and "hook_steps_per_s" not in moves  # throughput has its own line
     assert not [n for n in moves if n.startswith("dl_") or n.endswith("_samples")]
+    a["features"]["read_bytes_per_s"], b["features"]["read_bytes_per_s"] = 10e3, 0.0  # KiB/s: noise, not a move
+    assert "read_bytes_per_s" not in {m.name for m in compare(a, b).moves}
     line = next(x for x in render_text(compare(a, b)).splitlines() if "data_wait_share" in x)
     assert line.split() == ["data_wait_share", "90%", "->", "10%", "(-80", "pts)"]
 

@@ -29,13 +29,15 @@ from typing import Any
 from torchwatch.faces.report import SCHEMA
 from torchwatch.hook.wire import LOADER_SETTINGS
 from torchwatch.model.errors import UsageError
-from torchwatch.model.units import amp_words, fmt_value
+from torchwatch.model.units import MIB, amp_words, fmt_value
 
 __all__ = ["MAX_REPORT_BYTES", "Comparison", "compare", "load_report", "render_markdown", "render_text"]
 
 MAX_REPORT_BYTES = 64 << 20  # a report is a few hundred KiB at most; anything bigger is not one
 TOP_FEATURES = 8
 MIN_MOVE = 0.05  # below 5 points (shares) or 5 % (other values) a feature did not move
+# Below these magnitudes a relative change means nothing: 10 KiB/s of reads going to 0 is not a move.
+_FLOORS = {"bytes/s": float(MIB), "bytes": float(MIB)}
 # Features that are settings (shown as such) or sample counts (not a property of the training).
 # Throughput and step time are said above the moves.
 _NOT_MOVES = (
@@ -205,7 +207,7 @@ def _moves(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Move]:
             score = abs(y - x) / 100
         else:
             biggest = max(abs(x), abs(y))
-            score = abs(y - x) / biggest if biggest else 0.0
+            score = abs(y - x) / biggest if biggest >= _FLOORS.get(unit, 0.0) and biggest else 0.0
         if score >= MIN_MOVE:
             out.append(Move(name, unit, x, y, score))
     return sorted(out, key=lambda m: (-m.score, m.name))[:TOP_FEATURES]
