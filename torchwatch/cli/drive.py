@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.rules_engine import Rule, load_rules
 from torchwatch.cli.injecting import Injected, detach_hook, inject_hook
 from torchwatch.faces import hang, report
 from torchwatch.faces.headless import status_line
@@ -67,6 +68,7 @@ class WatchOptions:
     inject: bool = True
     keep_hook: bool = False
     hang_after: float | None = None
+    prometheus: tuple[str, int] | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -84,6 +86,7 @@ class WatchOptions:
             inject=not getattr(args, "no_inject", False),
             keep_hook=bool(getattr(args, "keep_hook", False)),
             hang_after=getattr(args, "hang_after", None),
+            prometheus=getattr(args, "prometheus", None),
         )
 
     def session_options(self, launched: bool = False) -> SessionOptions:
@@ -113,6 +116,33 @@ class Ending:
     def signal(self) -> int | None:
         """The stop signal that ended torchwatch, if one did."""
         return int(signal.Signals[self.by]) if self.by.startswith("SIG") else None
+
+
+class Exporter:
+    """``--prometheus``: the metrics server, rendering the watched session's latest Observation.
+
+    It listens before the training starts (a port in use stops torchwatch with nothing started)
+    and shows ``torchwatch_targets 0`` until :attr:`session` is set.
+
+    Raises:
+        TorchwatchError: the address cannot be bound (see :class:`~torchwatch.faces.prometheus.MetricsServer`).
+    """
+
+    def __init__(self, listen: tuple[str, int]) -> None:
+        from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
+
+        self.session: Session | None = None
+        self.server = MetricsServer(ObservationCollector(self._latest, socket.gethostname()), *listen)
+        print(f"torchwatch: Prometheus metrics on {self.server.url}", file=sys.stderr)
+
+    @classmethod
+    def start(cls, listen: tuple[str, int] | None) -> Exporter | None:
+        """An exporter on ``listen``, or ``None`` when ``--prometheus`` was not given."""
+        return None if listen is None else cls(listen)
+
+    def _latest(self) -> list[Observation | None]:
+        session = self.session
+        return [] if session is None else [session.latest_observation]
 
 
 def check_trace_path(path: Path | None) -> None:
@@ -165,6 +195,17 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
     check_trace_path(opts.trace)
     check_command(cmd)
     opts = _headless_without_terminal(opts)
+    with contextlib.ExitStack() as stack:
+        exporter = Exporter.start(opts.prometheus)
+        if exporter is not None:
+            stack.callback(exporter.server.stop)
+        return _run(cmd, rules, opts, stops, exporter)
+
+
+def _run(
+    cmd: Sequence[str], rules: list[Rule], opts: WatchOptions, stops: StopSignals, exporter: Exporter | None
+) -> int:
+    """:func:`run_command` once the checks passed: launch, watch, report."""
     log_path: Path | None = None
     env = hook_env(opts.burst_at) if opts.hook else None
     if opts.headless:
@@ -185,6 +226,8 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
         child.close()
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
         return code
+    if exporter is not None:
+        exporter.session = session
     session.start()
     ending = _drive(session, child, opts, log_path, stops)
     return _exit_status(ending, session, opts)
@@ -206,6 +249,9 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     tree = check_attachable(pid)
     opts = _headless_without_terminal(opts)
     with contextlib.ExitStack() as stack:
+        exporter = Exporter.start(opts.prometheus)
+        if exporter is not None:
+            stack.callback(exporter.server.stop)
         injected: Injected | None = None
         injector: Injector | None = None
         started: float | None = None
@@ -223,6 +269,8 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
             session = Session(pid, rules, replace(opts.session_options(), hook_expected=hooked))
         except psutil.NoSuchProcess:
             raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
+        if exporter is not None:
+            exporter.session = session
         try:
             session.start()
             ending = _drive(session, None, opts, None, stops, injected.report() if injected else None)

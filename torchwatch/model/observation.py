@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, Refusal
+from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, RankInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
 from torchwatch.model.hang import HangView
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
@@ -369,6 +369,8 @@ class RankView:
             the same shares the rules read (storage reads' kernel time counts as disk).
         reading: its step over the window (step, data wait, compute, collective wait, CPU),
             ``None`` before it has steps. verdict / findings: its own diagnosis.
+        rank_info: who it says it is in its job (rank, local rank, job key), as its hook
+            published it; ``None`` without a hook reading.
     """
 
     rank: int
@@ -383,6 +385,7 @@ class RankView:
     reading: RankReading | None = None
     verdict: Verdict | None = None
     findings: tuple[Finding, ...] = ()
+    rank_info: RankInfo | None = None
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         stacks=tuple(views.stack_rows(short.stacks, pid)),
         main_states=main_states,
         worker_states=worker_states,
+        rank_info=rec.rank if rec is not None else None,
     )
     ranks, focus_rank = _rank_views(store, tick, short.threads, rank)
     gpus = tuple(views.gpu_rows(long.gpus))
@@ -342,6 +343,7 @@ def _rank_views(
             reading=reading,
             verdict=verdict,
             findings=findings,
+            rank_info=rec.rank if rec is not None else None,
         )
     return out, focus_rank
 
