@@ -3,6 +3,7 @@ gets (parsed back with prometheus_client's own parser), ``--prometheus`` parsing
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import urllib.request
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from torchwatch.faces.prometheus import (
 from torchwatch.hook.wire import RankInfo
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.findings import Finding, Verdict
+from torchwatch.model.hang import HangView
 from torchwatch.model.observation import (
     GpuRow,
     Observation,
@@ -159,6 +161,22 @@ def test_verdict_is_a_labelled_gauge_with_the_top_finding() -> None:
     assert value(got, "torchwatch_verdict_confidence", training_job=JOB) == pytest.approx(0.8)
     assert value(got, "torchwatch_rank_verdict", rank="0", label="undetermined", top_finding="rule-0") == 1
     assert value(got, "torchwatch_straggler_score", rank="1") == pytest.approx(0.4)
+
+
+def test_hang_state_for_alerts() -> None:
+    calm = samples([two_ranks()])
+    assert value(calm, "torchwatch_hang", training_job=JOB) == 0
+    assert value(calm, "torchwatch_hangs_total", training_job=JOB) == 0
+    assert not [k for k in calm if k[0] == "torchwatch_stall_seconds"]
+    hang = HangView("hang", 202, 1, 5.0, "--hang-after", 40.0, 45.9, 5.9, 7.5, number=2)
+    stuck = samples([dataclasses.replace(two_ranks(), hang=hang)])
+    assert value(stuck, "torchwatch_hang", training_job=JOB) == 1
+    assert value(stuck, "torchwatch_hangs_total", training_job=JOB) == 2
+    assert value(stuck, "torchwatch_stall_seconds", rank="1", state="hang") == pytest.approx(7.5)
+    resumed = dataclasses.replace(hang, state="stall", resumed_s=52.0)
+    after = samples([dataclasses.replace(two_ranks(), hang=resumed)])
+    assert value(after, "torchwatch_hang", training_job=JOB) == 0
+    assert value(after, "torchwatch_stall_seconds", rank="1", state="stall") == pytest.approx(7.5)
 
 
 def test_gpus_with_gpm_only_when_read() -> None:

@@ -299,6 +299,7 @@ def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
             (*labels, str(st.rank)),
             st.score,
         )
+    _hang_metrics(out, o, labels)
     focus = o.ranks.get(o.focus_rank)
     rank = str(o.focus_rank)
     feature_labels = (*_TARGET_LABELS, "rank")
@@ -313,6 +314,41 @@ def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
             feature_labels,
             (_job(focus) if focus is not None else job, host, str(o.target.pid), rank),
             value * factor,
+        )
+
+
+def _hang_metrics(out: _Families, o: Observation, labels: tuple[str, ...]) -> None:
+    """The stall / hang recorder's state: what an alert on a stuck job reads.
+
+    ``torchwatch_hang`` is 1 while the last record is a hang the training has not stepped out of
+    (0 otherwise, also before any record, so an alert has a series to watch);
+    ``torchwatch_hangs_total`` counts the records (one per stall); ``torchwatch_stall_seconds`` is
+    the last record's time without a step, labelled with the rank whose step clock ran out.
+    """
+    hang = o.hang
+    stuck = hang is not None and hang.state in ("hang", "dumping")
+    out.add(
+        f"{PREFIX}_hang",
+        "1 while the training (or one rank) has made no step for longer than the hang threshold, else 0",
+        _TARGET_LABELS,
+        labels,
+        1.0 if stuck else 0.0,
+    )
+    out.add(
+        f"{PREFIX}_hangs_total",
+        "hangs the stall / hang recorder recorded while watching (one per stall)",
+        _TARGET_LABELS,
+        labels,
+        float(hang.number) if hang is not None else 0.0,
+        counter=True,
+    )
+    if hang is not None:
+        out.add(
+            f"{PREFIX}_stall_seconds",
+            "seconds without a step in the last recorded hang: until now, or until the training stepped again",
+            (*_TARGET_LABELS, "rank", "state"),
+            (*labels, "" if hang.rank is None else str(hang.rank), hang.state),
+            hang.stalled_s,
         )
 
 
