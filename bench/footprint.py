@@ -10,6 +10,12 @@
    ``self`` key; then again with per-rank data on: the 8 ranks train with the hook pre-loaded
    (``_tree.py --torch``), so every rank's hook is read and every rank diagnosed. Budget
    (issue 6): <= 15 % of a core. ``--tree-only`` runs part 2 alone.
+3. The Prometheus exporter (``--prometheus``), scraped once a second as a Prometheus server with a
+   1 s scrape interval would: the whole tool on the 8-rank tree again with the exporter on, beside
+   the same run without it (the difference is the exporter's cost, within the machine's noise),
+   the scrapes' size and latency, and the CPU one scrape costs (rendering an Observation of the
+   8 ranks, measured in-process over 200 renders: at one scrape a second, that CPU time per
+   second is the exporter's share of a core). ``--exporter-only`` runs part 3 alone.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +72,59 @@ def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int) -> f
     return 100.0 * used / (time.monotonic() - t0)
 
 
-def whole_tool_on_tree(seconds: float, ranks: bool = False) -> dict[str, Any]:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Scraper:
+    """Scrapes ``url`` once a second in a thread, as a Prometheus server would: count, bytes, latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.failures = url, 0
+        self.latencies: list[float] = []
+        self.sizes: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    body = r.read()
+            except OSError:
+                # before the first answer torchwatch is still starting (imports, the hook's injection)
+                self.failures += bool(self.latencies)
+                continue
+            self.latencies.append(time.monotonic() - t0)
+            self.sizes.append(len(body))
+
+    def stop(self) -> dict[str, Any]:
+        """Stop scraping; the figures."""
+        self._stop.set()
+        self._thread.join(10)
+        lat = sorted(self.latencies) or [float("nan")]
+        return {
+            "scrapes": len(self.latencies),
+            "failed": self.failures,  # after the first answer
+            "bytes": max(self.sizes, default=0),
+            "latency_ms_p50": round(1000 * lat[len(lat) // 2], 1),
+            "latency_ms_max": round(1000 * lat[-1], 1),
+        }
+
+
+def whole_tool_on_tree(seconds: float, ranks: bool = False, exporter: bool = False) -> dict[str, Any]:
     """``torchwatch attach --headless`` on bench/_tree.py: the report's ``self`` key.
 
     ``ranks``: the tree's ranks train (``--torch``) with the hook pre-loaded, so torchwatch reads
     every rank's hook and diagnoses each (per-rank data on); ``ranks_read`` says how many ranks
-    the report compared.
+    the report compared. ``exporter``: with ``--prometheus``, scraped once a second (``scrape``:
+    the scrapes' figures).
     """
     cmd = [sys.executable, str(REPO / "bench" / "_tree.py"), "--seconds", str(seconds + 30)]
     import psutil
@@ -78,9 +132,12 @@ def whole_tool_on_tree(seconds: float, ranks: bool = False) -> dict[str, Any]:
     tree = subprocess.Popen(cmd + (["--torch"] if ranks else []))
     try:
         time.sleep(15 if ranks else 5)  # 8 ranks importing torch on a small machine
+        scrape: dict[str, Any] = {}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
-            subprocess.run(
+            port = _free_port()
+            extra = ["--prometheus", f"127.0.0.1:{port}"] if exporter else []
+            attach = subprocess.Popen(
                 [
                     sys.executable,
                     "-m",
@@ -91,13 +148,17 @@ def whole_tool_on_tree(seconds: float, ranks: bool = False) -> dict[str, Any]:
                     str(seconds),
                     "--json",
                     str(out),
+                    *extra,
                     str(tree.pid),
                 ],
-                capture_output=True,
-                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 cwd=REPO,
-                check=False,
             )
+            scraper = Scraper(f"http://127.0.0.1:{port}/metrics") if exporter else None
+            attach.wait()
+            if scraper is not None:
+                scrape = scraper.stop()
             report = json.loads(out.read_text())
         children = psutil.Process(tree.pid).children(recursive=True)
         procs = 1 + len(children)
@@ -108,7 +169,72 @@ def whole_tool_on_tree(seconds: float, ranks: bool = False) -> dict[str, Any]:
                 child.terminate()
         tree.terminate()
         tree.wait()
-    return {"processes": procs, "ranks_read": len(report.get("ranks") or []), **report["self"]}
+    return {"processes": procs, "ranks_read": len(report.get("ranks") or []), **report["self"], "scrape": scrape}
+
+
+def render_cost(renders: int = 200) -> dict[str, Any]:
+    """CPU per scrape: an in-process session on the 8-rank tree, its latest Observation rendered
+    to the exposition text ``renders`` times (thread CPU time)."""
+    import psutil
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from torchwatch.analysis.rules_engine import load_rules
+    from torchwatch.faces.prometheus import ObservationCollector
+
+    cmd = [sys.executable, str(REPO / "bench" / "_tree.py"), "--seconds", "120", "--torch"]
+    tree = subprocess.Popen(cmd)
+    session = None
+    try:
+        time.sleep(15)
+        session = Session(tree.pid, load_rules(), SessionOptions())
+        session.start()
+        deadline = time.monotonic() + 60
+        obs = session.latest_observation
+        while time.monotonic() < deadline and (obs is None or len(obs.ranks) < 8):
+            time.sleep(1)
+            obs = session.latest_observation
+        assert obs is not None, "no Observation in 60 s"
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ObservationCollector(lambda: [obs], "bench"))
+        t0 = time.thread_time()
+        for _ in range(renders):
+            text = generate_latest(registry)
+        cpu_ms = 1000 * (time.thread_time() - t0) / renders
+        return {"ranks": len(obs.ranks), "cpu_ms_per_scrape": round(cpu_ms, 3), "bytes": len(text)}
+    finally:
+        if session is not None:
+            session.stop()
+        for child in psutil.Process(tree.pid).children(recursive=True) if tree.poll() is None else []:
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
+        tree.terminate()
+        tree.wait()
+
+
+def exporter(seconds: float) -> dict[str, Any]:
+    """Part 3: the exporter's cost, scraped once a second (see the module docstring)."""
+    without = whole_tool_on_tree(seconds + 10, ranks=True)
+    with_exp = whole_tool_on_tree(seconds + 10, ranks=True, exporter=True)
+    render = render_cost()
+    sc = with_exp["scrape"]
+    diff = with_exp["cpu_pct_of_core"] - without["cpu_pct_of_core"]
+    print(
+        f"\nexporter (--prometheus, scraped once a second), whole tool on {with_exp['processes']} processes, "
+        f"{with_exp['ranks_read']} ranks: {with_exp['cpu_pct_of_core']:.1f} % of a core with it, "
+        f"{without['cpu_pct_of_core']:.1f} % without (difference {diff:+.1f} points, two runs apart); "
+        f"peak RSS {with_exp['max_rss_bytes'] / 1e6:.0f} MB vs "
+        f"{without['max_rss_bytes'] / 1e6:.0f} MB; {sc['scrapes']} scrapes ({sc['failed']} failed) of "
+        f"{sc['bytes'] / 1024:.0f} KiB, latency p50 {sc['latency_ms_p50']} ms, max {sc['latency_ms_max']} ms",
+        flush=True,
+    )
+    print(
+        f"one scrape of {render['ranks']} ranks renders {render['bytes'] / 1024:.0f} KiB in "
+        f"{render['cpu_ms_per_scrape']:.2f} ms of CPU: {render['cpu_ms_per_scrape'] / 10:.2f} % of a core at one "
+        "scrape a second (the ranks with steps in the window when it was taken)",
+        flush=True,
+    )
+    return {"without": without, "with": with_exp, "render": render}
 
 
 def main() -> int:
@@ -116,7 +242,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--tree-only", action="store_true", help="only the whole tool on the 8 x 8 trees")
+    parser.add_argument("--exporter-only", action="store_true", help="only the exporter's cost (part 3)")
     args = parser.parse_args()
+    if args.exporter_only:
+        figures = exporter(args.seconds)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"exporter": figures}, indent=2))
+        return 0
     if args.tree_only:
         return trees(args.seconds, [], args.json)
     configs = [
@@ -157,6 +289,7 @@ def trees(seconds: float, rows: list[dict[str, Any]], json_path: str | None) -> 
             f"(budget 15 %), peak RSS {tree['max_rss_bytes'] / 1e6:.0f} MB",
             flush=True,
         )
+    out["exporter"] = exporter(seconds)
     if json_path:
         Path(json_path).write_text(json.dumps({"samplers": rows, **out}, indent=2))
     return 0

@@ -51,6 +51,19 @@ def test_bad_duration(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert "--duration" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "abc", "inf"])
+def test_bad_hang_after(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "--hang-after", value, "999999999"]) == 2
+    assert "--hang-after" in one_error_line(capsys)
+
+
+def test_fail_on_takes_hang_besides_the_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "--fail-on", "hang,io-bound", "999999999"]) == 1  # parsed: the PID is what fails
+    assert "no process with PID 999999999" in one_error_line(capsys)
+    assert main(["attach", "--fail-on", "hung", "999999999"]) == 2
+    assert "labels from" in one_error_line(capsys)
+
+
 def test_unknown_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["attach", "--frobnicate", "1"]) == 2
     one_error_line(capsys)

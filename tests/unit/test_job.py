@@ -19,6 +19,7 @@ import pytest
 
 from torchwatch.cli.injecting import Injected, job_report
 from torchwatch.hook import ranks
+from torchwatch.model.readings import Frame
 from torchwatch.watch.job import Job, Member, find_job, launcher_kind
 
 SCHEMA_INJECTION = json.loads((Path(__file__).parent / "report_schema.json").read_text())["properties"]["injection"]
@@ -70,13 +71,24 @@ def _ranks_only(kids: list[int]) -> list[int]:
     return [k for k in kids if "resource_tracker" not in " ".join(psutil.Process(k).cmdline())]
 
 
+def stack(*frames: tuple[str, str]) -> list[Frame]:
+    """Frames as ``py-spy dump --full-filenames`` gives them (innermost first)."""
+    return [Frame(name, f"/venv/lib/python3.11/site-packages/{path}", 1) for name, path in frames]
+
+
+RANK = stack(
+    ("train", "/work/train.py"),
+    ("_wrap", "torch/multiprocessing/spawn.py"),
+    *[("_bootstrap", "multiprocessing/process.py")],
+)
+WORKER = stack(("_worker_loop", "torch/utils/data/_utils/worker.py"), ("_bootstrap", "multiprocessing/process.py"))
+
+
 def wraps(ranks_: set[int]) -> Any:
     """A stack reader: the PIDs in ``ranks_`` run torch.multiprocessing.spawn's _wrap, others a DataLoader worker."""
 
-    def read(pid: int) -> str:
-        if pid in ranks_:
-            return "Thread 1 (idle): MainThread\n    _wrap (torch/multiprocessing/spawn.py:90)\n"
-        return "Thread 1 (idle): MainThread\n    _worker_loop (torch/utils/data/_utils/worker.py:300)\n"
+    def read(pid: int) -> list[Frame]:
+        return RANK if pid in ranks_ else WORKER
 
     return read
 
@@ -114,14 +126,19 @@ def test_spawned_children_are_ranks_only_when_they_run_torchs_wrap(tree: tuple[i
     assert not find_job(launcher, stacks=lambda pid: read.append(pid) or wraps({ranks_[1]})(pid)).is_job
     assert read == [ranks_[0]]
     # a process a rank forked (a fork-context DataLoader worker) keeps the rank's frames below its own
-    fork_of_rank = (
-        "    _worker_loop (torch/utils/data/_utils/worker.py:300)\n    run (multiprocessing/process.py:108)\n"
-        "    _bootstrap (multiprocessing/process.py:314)\n    _launch (multiprocessing/popen_fork.py:71)\n"
-        "    train (train.py:40)\n    _wrap (torch/multiprocessing/spawn.py:90)\n"
-        "    _bootstrap (multiprocessing/process.py:314)\n    spawn_main (multiprocessing/spawn.py:122)\n"
+    fork_of_rank = stack(
+        ("_worker_loop", "torch/utils/data/_utils/worker.py"),
+        ("run", "multiprocessing/process.py"),
+        ("_bootstrap", "multiprocessing/process.py"),
+        ("_launch", "multiprocessing/popen_fork.py"),
+        ("train", "train.py"),
+        ("_wrap", "torch/multiprocessing/spawn.py"),
+        ("_bootstrap", "multiprocessing/process.py"),
+        ("spawn_main", "multiprocessing/spawn.py"),
     )
     assert not find_job(launcher, stacks=lambda pid: fork_of_rank).is_job
-    assert not find_job(launcher, stacks=lambda pid: fork_of_rank.replace("_worker_loop", "my_target")).is_job
+    other_target = [Frame("my_target", f.filename, 1) if f.name == "_worker_loop" else f for f in fork_of_rank]
+    assert not find_job(launcher, stacks=lambda pid: other_target).is_job
     # stacks unreadable (no py-spy, no permission): no job rather than a guess
     assert not find_job(launcher, stacks=lambda pid: None).is_job
 

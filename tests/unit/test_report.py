@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import socket
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from tests.unit.featuresets import consistent
+from torchwatch import __version__
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.features import CATALOGUE, Features
 from torchwatch.analysis.rules_engine import load_rules
@@ -143,6 +146,8 @@ def test_undetermined_report_validates() -> None:
         (("features", "storage_wait_share"), "high"),
         (("findings", 0, "severity"), "fatal"),
         (("findings", 0, "fixes", 0, "title"), 3),
+        (("created",), "23/11/2026 17:55"),
+        (("torchwatch_version",), ""),
     ],
 )
 def test_schema_rejects_contract_breaches(busy: dict[str, Any], path: tuple[Any, ...], bad: Any) -> None:
@@ -155,12 +160,36 @@ def test_schema_rejects_contract_breaches(busy: dict[str, Any], path: tuple[Any,
         VALIDATOR.validate(data)
 
 
-@pytest.mark.parametrize("key", ["schema", "target", "window", "verdict", "findings", "sources", "features"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "schema",
+        "target",
+        "window",
+        "verdict",
+        "findings",
+        "sources",
+        "features",
+        "torchwatch_version",
+        "created",
+        "host",
+    ],
+)
 def test_schema_requires_contract_keys(busy: dict[str, Any], key: str) -> None:
     data = copy.deepcopy(busy)
     del data[key]
     with pytest.raises(jsonschema.ValidationError):
         VALIDATOR.validate(data)
+
+
+def test_report_says_version_time_and_host() -> None:
+    when = datetime(2026, 11, 23, 18, 30, 5, tzinfo=timezone(timedelta(hours=2)))
+    data = report.build(observation(None), created=when)
+    assert data["torchwatch_version"] == __version__
+    assert data["created"] == "2026-11-23T16:30:05Z"  # UTC, whatever the zone it was given in
+    assert data["host"] == socket.gethostname()
+    now = datetime.strptime(report.build(observation(None))["created"], "%Y-%m-%dT%H:%M:%SZ")
+    assert abs((now - datetime.now(timezone.utc).replace(tzinfo=None)).total_seconds()) < 60
 
 
 def test_render_text(busy: dict[str, Any]) -> None:

@@ -42,7 +42,11 @@ ENVIRONMENT = {
 EXIT_STATUS = (
     ("N", "run: the training's own exit status (128+N when signal N ended it)"),
     ("0", "torchwatch stopped the training as asked (--duration, q in the TUI), or watching ended normally"),
-    ("3", "--fail-on: the final verdict is one of its labels (and the status would have been 0)"),
+    (
+        "3",
+        "--fail-on: the final verdict is one of its labels, or it names hang and a hang was recorded "
+        "(and the status would have been 0)",
+    ),
     ("2", "usage error: a bad option or value, a malformed rule file"),
     (
         "1",
@@ -106,9 +110,9 @@ def _window(text: str) -> float:
 
 def _labels(text: str) -> tuple[str, ...]:
     labels = tuple(p.strip() for p in text.split(",") if p.strip())
-    bad = [x for x in labels if x not in LABELS]
+    bad = [x for x in labels if x not in (*LABELS, "hang")]
     if bad or not labels:
-        raise argparse.ArgumentTypeError(f"--fail-on takes labels from {', '.join(LABELS)}, not {text!r}")
+        raise argparse.ArgumentTypeError(f"--fail-on takes labels from {', '.join(LABELS)} and hang, not {text!r}")
     return labels
 
 
@@ -120,6 +124,25 @@ def _steps(text: str) -> tuple[int, ...]:
     if any(s < 1 for s in steps):
         raise argparse.ArgumentTypeError(f"--burst-at step numbers start at 1, not {text!r}")
     return steps
+
+
+def _listen(text: str) -> tuple[str, int]:
+    """``--prometheus [HOST:]PORT`` (:func:`torchwatch.faces.prometheus.parse_listen`)."""
+    from torchwatch.faces.prometheus import parse_listen
+
+    try:
+        return parse_listen(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _prometheus_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prometheus",
+        type=_listen,
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST defaults to 127.0.0.1: this machine only)",
+    )
 
 
 def _logging_options(p: argparse.ArgumentParser, top: bool) -> None:
@@ -179,8 +202,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--fail-on",
         type=_labels,
         metavar="LABEL[,LABEL...]",
-        help="exit 3 when the final verdict is one of these labels (for CI); the command's own failure wins",
+        help="exit 3 when the final verdict is one of these labels, or (hang) when a hang was recorded (for CI); "
+        "the command's own failure wins",
     )
+    p.add_argument(
+        "--hang-after",
+        type=_positive("--hang-after"),
+        metavar="SECONDS",
+        help="a process that stepped and then makes no step for SECONDS is hung: every thread of every rank and "
+        "DataLoader worker is dumped once (default: max(30 s, 20 x its p95 step time))",
+    )
+    _prometheus_option(p)
     _logging_options(p, top=False)
 
 
@@ -273,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="include the rules of DIR, as run and attach would",
     )
     _add_doctor(sub)
+    _add_compare(sub)
+    _add_serve(sub)
     _logging_options(listing, top=False)
     return parser
 
@@ -288,6 +322,44 @@ def _add_doctor(sub: Any) -> None:
     doctor.add_argument("pid", nargs="?", metavar="PID", help="a training process to check too")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     _logging_options(doctor, top=False)
+
+
+def _add_compare(sub: Any) -> None:
+    """``torchwatch compare A.json B.json [--markdown]`` (torchwatch/faces/compare.py)."""
+    compare = sub.add_parser(
+        "compare",
+        help="compare two JSON reports: speedup, verdicts, settings that differ, features that moved",
+        description="Compare report A (before) with report B (after), both written by run/attach --json: steps/s "
+        "change (x, %%), both verdicts, the settings that differ and those that do not, the features that moved "
+        "most. Exit 2 when a file is not a torchwatch report.",
+    )
+    compare.add_argument("a", metavar="A.json", help="the report before the change")
+    compare.add_argument("b", metavar="B.json", help="the report after the change")
+    compare.add_argument("--markdown", action="store_true", help="print Markdown, for a pull-request comment")
+    _logging_options(compare, top=False)
+
+
+def _add_serve(sub: Any) -> None:
+    """``torchwatch serve [--prometheus [HOST:]PORT]`` (torchwatch/cli/serve.py)."""
+    serve = sub.add_parser(
+        "serve",
+        help="watch every PyTorch training on this machine (one exporter per node)",
+        description="Look for PyTorch trainings every --scan seconds (Python processes that loaded libtorch, "
+        "topmost of their tree: a torchrun launcher with its ranks) and watch each from outside, with the "
+        "readings of torchwatch's hook where a training carries it; nothing is injected. New trainings are "
+        "picked up, ended ones dropped. --prometheus serves them all; without it a status line per training "
+        "goes to stderr. SIGTERM or SIGINT stops it (exit 128+N).",
+        epilog=epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _prometheus_option(serve)
+    serve.add_argument(
+        "--scan", type=_positive("--scan"), default=5.0, metavar="SECONDS", help="look for trainings every SECONDS"
+    )
+    serve.add_argument("--window", type=_window, default=10.0, metavar="SECONDS", help="verdict window, 3 to 300")
+    serve.add_argument("--duration", type=_duration, metavar="SECONDS", help="stop after SECONDS")
+    serve.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[], help="add rules from DIR")
+    _logging_options(serve, top=False)
 
 
 class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -395,6 +467,23 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
             from torchwatch.cli.doctor import doctor_command
 
             code = doctor_command(args.pid, args.json)
+        elif args.command == "compare":
+            from torchwatch.faces.compare import compare_files
+
+            print(compare_files(args.a, args.b, args.markdown))
+            code = 0
+        elif args.command == "serve":
+            from torchwatch.cli.serve import serve_command
+
+            with stops:
+                code = serve_command(
+                    args.prometheus,
+                    stops,
+                    scan_s=args.scan,
+                    window_s=args.window,
+                    duration=args.duration,
+                    rules_dirs=args.rules,
+                )
         elif args.command == "detach":
             from torchwatch.cli.injecting import detach_command
 

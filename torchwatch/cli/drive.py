@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +28,13 @@ from typing import Any, TextIO
 
 import psutil
 
-from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.rules_engine import Rule, load_rules
 from torchwatch.cli.injecting import Injected, detach_hook, inject_hook, inject_job, job_report
-from torchwatch.faces import report
+from torchwatch.faces import hang, report
 from torchwatch.faces.headless import status_line
 from torchwatch.inject.injector import Injector
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
+from torchwatch.model.observation import Observation
 from torchwatch.watch.job import find_job
 from torchwatch.watch.lifecycle import (
     Launched,
@@ -66,6 +68,8 @@ class WatchOptions:
     fail_on: tuple[str, ...] = ()
     inject: bool = True
     keep_hook: bool = False
+    hang_after: float | None = None
+    prometheus: tuple[str, int] | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -82,11 +86,18 @@ class WatchOptions:
             fail_on=tuple(args.fail_on or ()),
             inject=not getattr(args, "no_inject", False),
             keep_hook=bool(getattr(args, "keep_hook", False)),
+            hang_after=getattr(args, "hang_after", None),
+            prometheus=getattr(args, "prometheus", None),
         )
 
     def session_options(self, launched: bool = False) -> SessionOptions:
         """The :class:`SessionOptions` these options ask for (``launched``: by ``run``)."""
-        return SessionOptions(window_s=self.window, trace_path=self.trace, hook_expected=launched and self.hook)
+        return SessionOptions(
+            window_s=self.window,
+            trace_path=self.trace,
+            hook_expected=launched and self.hook,
+            hang_after=self.hang_after,
+        )
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,33 @@ class Ending:
     def signal(self) -> int | None:
         """The stop signal that ended torchwatch, if one did."""
         return int(signal.Signals[self.by]) if self.by.startswith("SIG") else None
+
+
+class Exporter:
+    """``--prometheus``: the metrics server, rendering the watched session's latest Observation.
+
+    It listens before the training starts (a port in use stops torchwatch with nothing started)
+    and shows ``torchwatch_targets 0`` until :attr:`session` is set.
+
+    Raises:
+        TorchwatchError: the address cannot be bound (see :class:`~torchwatch.faces.prometheus.MetricsServer`).
+    """
+
+    def __init__(self, listen: tuple[str, int]) -> None:
+        from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
+
+        self.session: Session | None = None
+        self.server = MetricsServer(ObservationCollector(self._latest, socket.gethostname()), *listen)
+        print(f"torchwatch: Prometheus metrics on {self.server.url}", file=sys.stderr)
+
+    @classmethod
+    def start(cls, listen: tuple[str, int] | None) -> Exporter | None:
+        """An exporter on ``listen``, or ``None`` when ``--prometheus`` was not given."""
+        return None if listen is None else cls(listen)
+
+    def _latest(self) -> list[Observation | None]:
+        session = self.session
+        return [] if session is None else [session.latest_observation]
 
 
 def check_trace_path(path: Path | None) -> None:
@@ -158,6 +196,17 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
     check_trace_path(opts.trace)
     check_command(cmd)
     opts = _headless_without_terminal(opts)
+    with contextlib.ExitStack() as stack:
+        exporter = Exporter.start(opts.prometheus)
+        if exporter is not None:
+            stack.callback(exporter.server.stop)
+        return _run(cmd, rules, opts, stops, exporter)
+
+
+def _run(
+    cmd: Sequence[str], rules: list[Rule], opts: WatchOptions, stops: StopSignals, exporter: Exporter | None
+) -> int:
+    """:func:`run_command` once the checks passed: launch, watch, report."""
     log_path: Path | None = None
     env = hook_env(opts.burst_at) if opts.hook else None
     if opts.headless:
@@ -178,6 +227,8 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
         child.close()
         print(f"torchwatch: {cmd[0]} exited (status {code}) before it could be watched", file=sys.stderr)
         return code
+    if exporter is not None:
+        exporter.session = session
     session.start()
     ending = _drive(session, child, opts, log_path, stops)
     return _exit_status(ending, session, opts)
@@ -202,6 +253,9 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     if job.is_job:
         print(job.line(), file=sys.stderr)
     with contextlib.ExitStack() as stack:
+        exporter = Exporter.start(opts.prometheus)
+        if exporter is not None:
+            stack.callback(exporter.server.stop)
         injected: list[Injected] = []
         injector: Injector | None = None
         if opts.inject:
@@ -228,6 +282,8 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
             injection: dict[str, Any] | None = job_report(job, injected, opts.inject)
         else:
             injection = injected[0].report() if injected else None
+        if exporter is not None:
+            exporter.session = session
         try:
             session.start()
             ending = _drive(session, None, opts, None, stops, injection)
@@ -276,9 +332,13 @@ def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
 
 
 def _failed_on(session: Session, opts: WatchOptions) -> bool:
-    """``--fail-on``: whether the final verdict is one of the labels named (says so on stderr)."""
+    """``--fail-on``: whether the final verdict is one of the labels named, or ``hang`` is named and
+    a hang was recorded (says so on stderr)."""
     if not opts.fail_on:
         return False
+    if "hang" in opts.fail_on and session.hang.recorded:
+        print(f"torchwatch: a hang was recorded and --fail-on names hang: exit {EXIT_FAIL_ON}", file=sys.stderr)
+        return True
     label = session.final().verdict.label
     if label in opts.fail_on:
         print(
@@ -383,7 +443,7 @@ def _tui(
 
 
 def _headless(session: Session, child: Launched | None, opts: WatchOptions, start: float, stops: StopSignals) -> Ending:
-    last_label: tuple[str, int | None] | None = None
+    last_label: tuple[str, int | None, tuple[float, str] | None] | None = None
     last_print = 0.0
     status_ok = True
     while True:
@@ -397,9 +457,13 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
         if opts.duration is not None and now - start >= opts.duration:
             return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
         obs = session.latest_observation
-        # A new straggler (or none any more) is news as much as a new label.
+        # A new straggler (or none any more), a hang and its end are news as much as a new label.
         label = (
-            (obs.verdict.label, obs.straggler.rank if obs.straggler is not None else None)
+            (
+                obs.verdict.label,
+                obs.straggler.rank if obs.straggler is not None else None,
+                (obs.hang.fired_s, obs.hang.state) if obs.hang is not None else None,
+            )
             if obs is not None and obs.verdict is not None
             else None
         )
@@ -437,6 +501,20 @@ def _show_log(path: Path, lines: int = 40) -> None:
         _emit(f"torchwatch: the training's output ({len(text)} lines) is in {path}", sys.stderr, fatal=False)
 
 
+def _write_hang_file(obs: Observation, report_path: Path) -> None:
+    """The recorded hang's threads in ``<report stem>.hang.txt`` beside the report, written as the
+    report is (a new file renamed into place, never through a symlink); nothing when none was recorded."""
+    if obs.hang is None:
+        return
+    path = hang.hang_path(report_path)
+    try:
+        report.write_atomic(path, hang.hang_file_text(obs.hang, report_path.name) + "\n")
+    except OSError as exc:
+        print(f"torchwatch: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+    else:
+        _emit(f"torchwatch: hang record written to {path}", sys.stderr, fatal=False)
+
+
 def _write_reports(
     session: Session,
     child: Launched | None,
@@ -465,6 +543,7 @@ def _write_reports(
         else:
             if target != Path(opts.json_path).expanduser():
                 _emit(f"torchwatch: JSON report written to {target}", sys.stderr, fatal=False)
+            _write_hang_file(obs, target)
     if log_path is not None:
         _show_log(log_path)
     _emit(text, sys.stdout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchwatch.faces.hang import notice
 from torchwatch.model.observation import Observation
 from torchwatch.model.units import fmt_value
 
@@ -9,7 +10,8 @@ from torchwatch.model.units import fmt_value
 def status_line(obs: Observation | None, elapsed_s: float) -> str:
     """One line: the label and confidence, then data wait, loop CPU, disk wait, workers, steps/s
     and GPU (with its SM activity when GPM reads it), and for a job of several ranks the
-    straggler (or none); ``starting`` before the first verdict.
+    straggler (or none), and a recorded hang or stall with its likely cause; ``starting``
+    before the first verdict.
 
     Args:
         obs: the latest Observation (``None``: none yet).
@@ -39,4 +41,7 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
             if st is not None
             else f"{len(obs.ranks)} ranks, no straggler"
         )
+    hang = notice(obs.hang)
+    if hang is not None:
+        parts.append(hang)
     return " | ".join(parts)

@@ -10,13 +10,17 @@ import json
 import math
 import os
 import secrets
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from torchwatch import __version__
 from torchwatch.faces.burst import burst_lines
+from torchwatch.faces.hang import hang_lines
 from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.findings import Verdict
@@ -47,6 +51,7 @@ def build(
     exit_code: int | None = None,
     watched_s: float | None = None,
     injection: dict[str, Any] | None = None,
+    created: datetime | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict.
 
@@ -58,6 +63,7 @@ def build(
         watched_s: seconds watched (``None``: the Observation's ``elapsed_s``).
         injection: what ``attach`` did to get the hook inside (``injected``, ``method``,
             ``pause_ms``, ``reason``); ``None`` when it did not try (``run``, ``--no-inject``).
+        created: when the report was made (``None``: now).
 
     Keys (contract): ``schema``, ``target`` {pid, cmdline, exit_code}, ``window`` {seconds},
     ``verdict`` {label, confidence, summary}, ``findings`` [...], ``sources`` {name: {status,
@@ -68,12 +74,20 @@ def build(
     ``ended_by``: what ended the watch (:data:`ENDINGS`; ``null`` when not known), ``injection``
     (``injection`` above; ``null`` when not tried), ``ranks`` (one object per rank of a job of
     several processes, :func:`ranks_json`; ``[]`` for one process) and ``straggler`` (the rank
-    that paces the job, :func:`straggler_json`; ``null`` when none does).
+    that paces the job, :func:`straggler_json`; ``null`` when none does), ``hang`` (the stall /
+    hang recorder's last record, :meth:`~torchwatch.model.hang.HangView.to_json`; ``null`` when
+    none was recorded), ``torchwatch_version``, ``created`` (ISO-8601 UTC, seconds:
+    ``2026-11-23T17:55:03Z``) and ``host`` (the machine's name), so that ``torchwatch compare``
+    can say what it compares.
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
     code = exit_code if exit_code is not None else obs.target.exit_code
+    when = (created or datetime.now(timezone.utc)).astimezone(timezone.utc)
     return {
         "schema": SCHEMA,
+        "torchwatch_version": __version__,
+        "created": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": socket.gethostname(),
         "target": {"pid": obs.target.pid, "cmdline": list(obs.target.cmdline), "exit_code": code},
         "ended_by": ended_by,
         "window": {"seconds": float(obs.window_s)},
@@ -90,6 +104,7 @@ def build(
         "injection": None if injection is None else _clean(injection),
         "ranks": ranks_json(obs),
         "straggler": straggler_json(obs),
+        "hang": None if obs.hang is None else _clean(obs.hang.to_json()),
     }
 
 
@@ -284,6 +299,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
         for name, st in report["sources"].items()
     )
+    lines += hang_lines(report.get("hang"))
     lines += rank_lines(report.get("ranks") or [], report.get("straggler"))
     lines += hook_lines(report.get("hook"))
     lines.append(f"sources: {srcs}")

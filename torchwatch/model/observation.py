@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, Refusal
+from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, RankInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
+from torchwatch.model.hang import HangView
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
 
 __all__ = [
@@ -368,6 +369,8 @@ class RankView:
             the same shares the rules read (storage reads' kernel time counts as disk).
         reading: its step over the window (step, data wait, compute, collective wait, CPU),
             ``None`` before it has steps. verdict / findings: its own diagnosis.
+        rank_info: who it says it is in its job (rank, local rank, job key), as its hook
+            published it; ``None`` without a hook reading.
     """
 
     rank: int
@@ -382,6 +385,7 @@ class RankView:
     reading: RankReading | None = None
     verdict: Verdict | None = None
     findings: tuple[Finding, ...] = ()
+    rank_info: RankInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -426,6 +430,8 @@ class Observation:
         memory: host and device memory trends.
         history: the verdict's changes since watching started.
         own_usage: what watching cost so far.
+        hang: the last hang the stall / hang recorder made (a stall once the training stepped
+            again); ``None`` when none.
     """
 
     t: float
@@ -448,6 +454,7 @@ class Observation:
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
     sampling: str = "fast"
+    hang: HangView | None = None
 
     @property
     def focus(self) -> RankView:

@@ -200,6 +200,7 @@ class GpuSample:
         proc_sm_pct: SM utilization of the watched tree's processes, %, from NVML's per-process
             samples (``nvmlDeviceGetProcessUtilization``: the share of time the process had a kernel
             on the SMs, summed over the tree's PIDs, averaged over the samples since the last read).
+        uuid: the GPU's UUID (``nvmlDeviceGetUUID``, ``GPU-...``), ``None`` when NVML does not say.
         proc_util_reason: why ``proc_sm_pct`` is ``None`` (not supported, no sample for the tree's
             PIDs, ...); ``None`` when it was read.
     """
@@ -223,6 +224,7 @@ class GpuSample:
     gpm_reason: str | None = None
     proc_sm_pct: float | None = None
     proc_util_reason: str | None = None
+    uuid: str | None = None
 
 
 @dataclass(frozen=True)

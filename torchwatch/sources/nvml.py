@@ -169,6 +169,7 @@ class NvmlSource:
         self._closed = False
         self._devices: list[tuple[int, Any, str]] = []  # (index, handle, name)
         self._gpm: dict[int, _Gpm] = {}  # device index -> GPM state
+        self._uuids: dict[int, str] = {}  # device index -> UUID (GPU-...), read once
         self._proc_seen: dict[int, int] = {}  # device index -> newest per-process sample timestamp, us
         self._nvml: Any = nvml
         if self._nvml is None:
@@ -200,6 +201,9 @@ class NvmlSource:
                 raw = self._query("nvmlDeviceGetName", handle)
                 name = str((raw.decode(errors="replace") if isinstance(raw, bytes) else raw) or f"GPU {index}")
                 self._devices.append((index, handle, name))
+                uuid = self._query("nvmlDeviceGetUUID", handle)
+                if uuid is not None:
+                    self._uuids[index] = str(uuid.decode(errors="replace") if isinstance(uuid, bytes) else uuid)
                 self._gpm[index] = self._gpm_setup(handle, name)
         except _NvmlLost as lost:
             self.status = _unavailable(lost.err, "NVML stopped working")
@@ -401,6 +405,7 @@ class NvmlSource:
             dram_bw_pct=gpm.get("dram_bw_pct"),
             gpm_reason=gpm_reason,
             proc_sm_pct=proc_sm,
+            uuid=self._uuids.get(index),
             proc_util_reason=proc_reason,
         )
 

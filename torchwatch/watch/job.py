@@ -20,14 +20,14 @@ its ranks must share a PID namespace (a PID read inside a container names anothe
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psutil
 
 from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
-from torchwatch.sources.pyspy import find_pyspy
+from torchwatch.model.readings import Frame
+from torchwatch.sources.pyspy import dump_threads
 
 SPAWN_WRAP = ("_wrap", os.path.join("torch", "multiprocessing", "spawn.py"))
 """The frame a ``torch.multiprocessing.spawn`` rank runs its function in: (function, file ending)."""
@@ -35,7 +35,7 @@ WORKER_LOOP = ("_worker_loop", os.path.join("torch", "utils", "data", "_utils", 
 """The frame a DataLoader worker runs its loop in."""
 BOOTSTRAP = ("_bootstrap", os.path.join("multiprocessing", "process.py"))
 """The frame multiprocessing starts a child's target from (once per process started, fork or spawn)."""
-DUMP_TIMEOUT_S = 5.0  # py-spy dump of one process: ~0.1 s; a stuck read must not stall attach
+DUMP_TIMEOUT_S = 5.0  # py-spy dump of one process: 0.01-0.1 s; a stuck read must not stall attach
 
 
 @dataclass(frozen=True)
@@ -114,27 +114,18 @@ class Job:
         }
 
 
-StackReader = Callable[[int], str | None]
-"""``pid -> its Python stacks as text`` (``py-spy dump``), ``None`` when they cannot be read."""
+StackReader = Callable[[int], Sequence[Frame] | None]
+"""``pid -> its main thread's Python frames`` (innermost first, as ``py-spy dump`` lists them),
+``None`` when they cannot be read."""
 
 
-def pyspy_dump(pid: int) -> str | None:
-    """The Python stacks of ``pid`` from ``py-spy dump --nonblocking`` (the process is not stopped);
-    ``None`` without py-spy, without permission, or on a timeout (:data:`DUMP_TIMEOUT_S`)."""
-    binary = find_pyspy()
-    if binary is None:
+def main_frames(pid: int) -> Sequence[Frame] | None:
+    """The main thread's Python frames of ``pid`` from ``py-spy dump --nonblocking`` (the process is
+    not stopped); ``None`` without py-spy, without permission, or on a timeout (:data:`DUMP_TIMEOUT_S`)."""
+    threads, error, _took = dump_threads(pid, timeout=DUMP_TIMEOUT_S, nonblocking=True)
+    if error is not None or not threads or threads[0].tid != pid:
         return None
-    try:
-        done = subprocess.run(
-            [binary, "dump", "--pid", str(pid), "--nonblocking"],
-            capture_output=True,
-            text=True,
-            timeout=DUMP_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    return threads[0].frames
 
 
 def _joined(proc: psutil.Process) -> str:
@@ -175,9 +166,9 @@ def _env_rank(pid: int) -> tuple[int | None, bool]:
     return None, False
 
 
-def _frames(text: str, func: str, path: str) -> int:
-    """How many frames of ``func`` in a file ending ``path`` a ``py-spy dump`` text shows."""
-    return sum(f"{func} (" in line and path in line for line in text.splitlines())
+def _frames(frames: Sequence[Frame], func: str, path: str) -> int:
+    """How many of ``frames`` run ``func`` in a file whose path ends with ``path``."""
+    return sum(f.name == func and f.filename.endswith(path) for f in frames)
 
 
 def _is_spawn_rank(pid: int, stacks: StackReader) -> bool | None:
@@ -225,7 +216,7 @@ def _ranks_of(launcher: psutil.Process, kind: str, stacks: StackReader) -> tuple
     return found, left
 
 
-def find_job(pid: int, stacks: StackReader = pyspy_dump) -> Job:
+def find_job(pid: int, stacks: StackReader = main_frames) -> Job:
     """The job ``pid`` is a rank or the launcher of (see the module docstring). Never raises.
 
     Args:

@@ -19,6 +19,7 @@ from torchwatch.analysis.features import CATALOGUE, thread_states
 from torchwatch.analysis.store import Store
 from torchwatch.hook.wire import HookRecord
 from torchwatch.model.errors import shell_status
+from torchwatch.model.hang import HangView
 from torchwatch.model.observation import (
     BurstView,
     ChildProcess,
@@ -90,6 +91,7 @@ class Tick:
         hook_status: the hook source's status (``None``: the session reads no hook).
         burst_possible: whether a burst may be asked for, and why not.
         history: the verdict's changes. own_usage: what watching cost so far.
+        hang: the last hang the recorder made (``None``: none).
     """
 
     now: float
@@ -104,6 +106,7 @@ class Tick:
     burst_possible: tuple[bool, str] = (False, NO_HOOK)
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
+    hang: HangView | None = None
 
 
 def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
@@ -276,6 +279,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         stacks=tuple(views.stack_rows(short.stacks, pid)),
         main_states=main_states,
         worker_states=worker_states,
+        rank_info=rec.rank if rec is not None else None,
     )
     ranks, focus_rank = _rank_views(store, tick, short.threads, rank)
     gpus = tuple(views.gpu_rows(long.gpus))
@@ -300,6 +304,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         memory=views.memory_trend(long.processes, long.gpus),
         history=tick.history,
         own_usage=tick.own_usage,
+        hang=tick.hang,
     )
 
 
@@ -338,6 +343,7 @@ def _rank_views(
             reading=reading,
             verdict=verdict,
             findings=findings,
+            rank_info=rec.rank if rec is not None else None,
         )
     return out, focus_rank
 

@@ -31,6 +31,7 @@ from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
+from torchwatch.watch.hang import HangRecorder
 from torchwatch.watch.observe import Tick, Trends, device_memory, observe, target_view
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class SessionOptions:
         nvml: whether to read GPUs through NVML at all.
         trace_path: append every analysis (features, findings, verdict) to this file as JSON lines.
         hook_expected: the training was started with the hook pre-loaded (``torchwatch run``).
+        hang_after: seconds without a step that count as a hang (``--hang-after``); ``None``:
+            ``max(30 s, 20 x p95 step)`` per process (:mod:`torchwatch.analysis.hang`).
     """
 
     window_s: float = 10.0
@@ -59,6 +62,7 @@ class SessionOptions:
     nvml: bool = True
     trace_path: Path | None = None
     hook_expected: bool = False
+    hang_after: float | None = None
 
 
 # The bounds of --window. py-spy's stack samples arrive a chunk at a time, all stamped at the
@@ -66,6 +70,7 @@ class SessionOptions:
 # "undetermined". A window longer than the store keeps would silently be cut to what it holds.
 WINDOW_MIN_S = SessionOptions.pyspy_chunk_s
 WINDOW_MAX_S = KEEP_S
+HANG_JOIN_S = 20.0  # the report waits this long for a thread dump in flight (py-spy's timeout is 10 s a process)
 
 
 class Session:
@@ -128,6 +133,7 @@ class Session:
             self.nvml = NvmlSource(self.tree.pids)
             self.sources.append(self.nvml)
         self.diagnoser = Diagnoser(rules, self.why_missing)
+        self.hang = HangRecorder(self.tree, self.started, opts.hang_after)
 
     # -- tree helpers handed to sources -------------------------------------------------------
     def _main_pid(self) -> int | None:
@@ -331,6 +337,7 @@ class Session:
             self.store.add(readings)
             if src is self.hook:
                 self._mark_spawned(readings)
+                self.hang.feed(readings)
             if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
                 self.ended_at = time.monotonic()
             if self.ended_at is not None:
@@ -394,6 +401,10 @@ class Session:
             if self.ended_at is not None:
                 break
             try:
+                self.hang.check(time.monotonic())
+            except Exception as exc:
+                self._log_analysis_error(exc)
+            try:
                 self.analyze()
             except Exception as exc:
                 self._log_analysis_error(exc)
@@ -426,7 +437,8 @@ class Session:
 
     def final_observation(self) -> Observation:
         """The Observation the report is made of: the last verdict made while the target ran
-        (see :meth:`final`) over the readings up to its exit."""
+        (see :meth:`final`) over the readings up to its exit; a thread dump in flight is waited for."""
+        self.hang.join(HANG_JOIN_S)
         return self._observe(self.final(), time.monotonic())
 
     def _child_exited(self) -> bool:
@@ -460,6 +472,7 @@ class Session:
             burst_possible=possible,
             history=history,
             own_usage=self.own_usage(),
+            hang=self.hang.view(self.ended_at if self.ended_at is not None else now),  # a stall ends with the training
         )
         return observe(self.store, tick, self.trends)
 

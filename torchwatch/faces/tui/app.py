@@ -24,6 +24,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Log, OptionList, Static, TabbedContent, TabPane
 
 from torchwatch.faces import report
+from torchwatch.faces.hang import notice
 from torchwatch.faces.tui import render
 from torchwatch.faces.tui.feed import LogTail, Reader
 from torchwatch.faces.tui.messages import LogRead, ObservationRead, ReaderFailed
@@ -261,11 +262,20 @@ class WatchApp(App[None]):
         if len(obs.ranks) > 1 and (old is None or len(old.ranks) < 2):
             self.query_one(TabbedContent).show_tab("ranks")
         self._fill_panel(self.query_one(TabbedContent).active, obs)
-        show_text(self.query_one("#sources", Static), render.sources_text(obs.statuses))
+        show_text(self.query_one("#sources", Static), render.sources_text(obs.statuses, notice(obs.hang)))
+        self._hang_news(old, obs)
         if isinstance(self.screen, EvidenceScreen):
             self.screen.observation = obs
         if old is None or old.focus.burst.possible != obs.focus.burst.possible:
             self.refresh_bindings()
+
+    def _hang_news(self, old: Observation | None, obs: Observation) -> None:
+        """A notification when the recorder fires, when its dump is in, and when the hang becomes a stall."""
+        before = (old.hang.fired_s, old.hang.state) if old is not None and old.hang is not None else None
+        now = (obs.hang.fired_s, obs.hang.state) if obs.hang is not None else None
+        line = notice(obs.hang)
+        if now is not None and now != before and line is not None:
+            self.notify(line, severity="error" if now[1] != "stall" else "warning", timeout=30)
 
     def _fill_panel(self, panel: str, obs: Observation) -> None:
         if panel == "gpu":

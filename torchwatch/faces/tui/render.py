@@ -110,10 +110,13 @@ def finding_text(finding: Finding, catalogue: Mapping[str, FeatureSpec], verdict
     return grid
 
 
-def sources_text(statuses: Iterable[tuple[str, SourceStatus]]) -> Text:
-    """``psutil ok · nvml unavailable: reason`` with the state coloured."""
+def sources_text(statuses: Iterable[tuple[str, SourceStatus]], hang: str | None = None) -> Text:
+    """``psutil ok · nvml unavailable: reason`` with the state coloured; a recorded hang's
+    notice (``hang``) on a line of its own above."""
     colours = {Status.OK: "green", Status.STARTING: "yellow", Status.UNAVAILABLE: "red", Status.GONE: "yellow"}
     text = Text()
+    if hang:
+        text.append(hang + "\n", style="bold red")
     for i, (name, st) in enumerate(statuses):
         if i:
             text.append(" · ", style="dim")

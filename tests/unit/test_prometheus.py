@@ -1,0 +1,305 @@
+"""The Prometheus exporter: metrics as a pure function of hand-built Observations, the text a scrape
+gets (parsed back with prometheus_client's own parser), ``--prometheus`` parsing and a port in use."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import urllib.request
+from collections.abc import Iterable
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from torchwatch.analysis.features import CATALOGUE
+from torchwatch.cli import main
+from torchwatch.faces.prometheus import (
+    MetricsServer,
+    ObservationCollector,
+    feature_metric,
+    metric_families,
+    parse_listen,
+)
+from torchwatch.hook.wire import RankInfo
+from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.findings import Finding, Verdict
+from torchwatch.model.hang import HangView
+from torchwatch.model.observation import (
+    GpuRow,
+    Observation,
+    ProcessRow,
+    RankReading,
+    RankView,
+    SelfUsage,
+    StepsView,
+    Straggler,
+    TargetView,
+)
+from torchwatch.model.readings import GpuSample
+
+JOB = "my-run-7"
+
+
+def _finding(rule: str, label: str) -> Finding:
+    return Finding(rule, label, "warning", "s", 0.5, {}, (), "test")
+
+
+def _rank(rank: int, pid: int, step_ms: float, wait_ms: float, coll_ms: float, label: str) -> RankView:
+    reading = RankReading(rank, pid, 2, 10, step_ms, wait_ms, step_ms - wait_ms - coll_ms, coll_ms, cpu_pct=95.0)
+    return RankView(
+        rank=rank,
+        pid=pid,
+        steps=StepsView(
+            status="ok",
+            pid=pid,
+            steps=120 + rank,
+            steps_per_s=1000 / step_ms,
+            p95_ms=2 * step_ms,
+            data_wait=wait_ms / step_ms,
+        ),
+        reading=reading,
+        verdict=Verdict(label, 0.7, "x"),
+        findings=(_finding(f"rule-{rank}", label),),
+        rank_info=RankInfo(rank=rank, local_rank=rank, world_size=2, job=JOB),
+    )
+
+
+def _gpu(index: int, sm: float | None) -> GpuRow:
+    sample = GpuSample(
+        0.0,
+        index,
+        "NVIDIA H100",
+        97.0,
+        10 << 30,
+        80 << 30,
+        350.0,
+        700.0,
+        1980.0,
+        None,
+        None,
+        sm_active_pct=sm,
+        proc_sm_pct=90.0,
+        uuid=f"GPU-{index:04d}",
+    )
+    return GpuRow(index, "NVIDIA H100", 97.0, 350.0, 700.0, 10 << 30, 80 << 30, True, (), (), last=sample)
+
+
+def two_ranks() -> Observation:
+    """A 2-rank job: rank 1 the straggler, one GPU with GPM and one without."""
+    return Observation(
+        t=1.0,
+        elapsed_s=30.0,
+        window_s=10.0,
+        target=TargetView(100, ("torchrun", "train.py")),
+        verdict=Verdict("dataloader-bound", 0.8, "Rank 1 is the straggler."),
+        findings=(_finding("loader-cpu-in-workers", "dataloader-bound"),),
+        features={
+            "data_wait_share": 0.25,
+            "main_cpu_pct": 150.0,
+            "step_time_p50_ms": 200.0,
+            "rss_bytes": 2e9,
+            "read_bytes_per_s": None,
+        },
+        catalogue=CATALOGUE,
+        ranks={
+            0: _rank(0, 201, 200.0, 10.0, 80.0, "undetermined"),
+            1: _rank(1, 202, 200.0, 90.0, 0.0, "dataloader-bound"),
+        },
+        focus_rank=1,
+        straggler=Straggler(1, 202, 0, 0.4, "critical", "data", 80.0, "dataloader-bound", "x", "loader-cpu-in-workers"),
+        processes=(
+            ProcessRow(201, "main", "python", 95.0, 1 << 30, None, "R1", 4),
+            ProcessRow(202, "main", "python", 90.0, 3 << 29, None, "R1", 4),
+        ),
+        gpus=(_gpu(0, 45.0), _gpu(1, None)),
+        own_usage=SelfUsage(
+            torchwatch_cpu_s=3.0, pyspy_cpu_s=1.5, wall_s=30.0, cpu_pct_of_core=15.0, max_rss_bytes=80 << 20
+        ),
+    )
+
+
+def samples(obs: Iterable[Observation]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample a scrape of ``obs`` gives, parsed back from the exposition text."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ObservationCollector(lambda: list(obs), "node1"))
+    text = generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """The one sample of ``name`` whose labels include ``labels``."""
+    hits = [v for (n, ls), v in got.items() if n == name and set(labels.items()) <= ls]
+    assert len(hits) == 1, (name, labels, hits)
+    return hits[0]
+
+
+def test_per_rank_step_wait_cpu_rss_in_base_units() -> None:
+    got = samples([two_ranks()])
+    assert value(got, "torchwatch_step_time_seconds", rank="0") == pytest.approx(0.2)
+    assert value(got, "torchwatch_step_time_seconds", rank="1") == pytest.approx(0.2)
+    assert value(got, "torchwatch_step_time_p95_seconds", rank="1") == pytest.approx(0.4)
+    assert value(got, "torchwatch_data_wait_seconds", rank="1") == pytest.approx(0.09)
+    assert value(got, "torchwatch_data_wait_ratio", rank="1") == pytest.approx(0.45)
+    assert value(got, "torchwatch_collective_wait_seconds", rank="0") == pytest.approx(0.08)
+    assert value(got, "torchwatch_steps_per_second", rank="0") == pytest.approx(5.0)
+    assert value(got, "torchwatch_steps_total", rank="1") == 121
+    assert value(got, "torchwatch_cpu_ratio", rank="0") == pytest.approx(0.95)
+    assert value(got, "torchwatch_resident_memory_bytes", rank="1") == 3 << 29
+    labels = next(ls for (n, ls) in got if n == "torchwatch_step_time_seconds" and ("rank", "1") in ls)
+    assert dict(labels) == {"rank": "1", "local_rank": "1", "training_job": JOB, "host": "node1", "pid": "202"}
+
+
+def test_verdict_is_a_labelled_gauge_with_the_top_finding() -> None:
+    got = samples([two_ranks()])
+    assert value(got, "torchwatch_verdict", label="dataloader-bound", top_finding="loader-cpu-in-workers") == 1
+    assert value(got, "torchwatch_verdict_confidence", training_job=JOB) == pytest.approx(0.8)
+    assert value(got, "torchwatch_rank_verdict", rank="0", label="undetermined", top_finding="rule-0") == 1
+    assert value(got, "torchwatch_straggler_score", rank="1") == pytest.approx(0.4)
+
+
+def test_hang_state_for_alerts() -> None:
+    calm = samples([two_ranks()])
+    assert value(calm, "torchwatch_hang", training_job=JOB) == 0
+    assert value(calm, "torchwatch_hangs_total", training_job=JOB) == 0
+    assert not [k for k in calm if k[0] == "torchwatch_stall_seconds"]
+    hang = HangView("hang", 202, 1, 5.0, "--hang-after", 40.0, 45.9, 5.9, 7.5, number=2)
+    stuck = samples([dataclasses.replace(two_ranks(), hang=hang)])
+    assert value(stuck, "torchwatch_hang", training_job=JOB) == 1
+    assert value(stuck, "torchwatch_hangs_total", training_job=JOB) == 2
+    assert value(stuck, "torchwatch_stall_seconds", rank="1", state="hang") == pytest.approx(7.5)
+    resumed = dataclasses.replace(hang, state="stall", resumed_s=52.0)
+    after = samples([dataclasses.replace(two_ranks(), hang=resumed)])
+    assert value(after, "torchwatch_hang", training_job=JOB) == 0
+    assert value(after, "torchwatch_stall_seconds", rank="1", state="stall") == pytest.approx(7.5)
+
+
+def test_gpus_with_gpm_only_when_read() -> None:
+    got = samples([two_ranks()])
+    assert value(got, "torchwatch_gpu_utilization_ratio", gpu="0", uuid="GPU-0000") == pytest.approx(0.97)
+    assert value(got, "torchwatch_gpu_power_watts", gpu="1") == 350.0
+    assert value(got, "torchwatch_gpu_memory_used_bytes", gpu="1") == 10 << 30
+    assert value(got, "torchwatch_gpu_sm_active_ratio", gpu="0") == pytest.approx(0.45)
+    assert not [k for k in got if k[0] == "torchwatch_gpu_sm_active_ratio" and ("gpu", "1") in k[1]]
+
+
+def test_features_named_from_the_catalogue_unmeasured_absent() -> None:
+    got = samples([two_ranks()])
+    assert value(got, "torchwatch_feature_data_wait_ratio", rank="1") == pytest.approx(0.25)
+    assert value(got, "torchwatch_feature_main_cpu_ratio") == pytest.approx(1.5)
+    assert value(got, "torchwatch_feature_step_time_p50_seconds") == pytest.approx(0.2)
+    assert value(got, "torchwatch_feature_rss_bytes") == 2e9
+    assert not [k for k in got if "read_bytes" in k[0]]  # None: no sample, never 0
+
+
+def test_help_text_comes_from_the_catalogue() -> None:
+    fams = {f.name: f for f in metric_families([two_ranks()], "node1")}
+    assert fams["torchwatch_step_time_seconds"].documentation.startswith(CATALOGUE["step_time_p50_ms"].doc)
+    assert fams["torchwatch_feature_data_wait_ratio"].documentation.startswith(CATALOGUE["data_wait_share"].doc)
+
+
+def test_every_catalogue_feature_has_its_own_conventional_name() -> None:
+    names = [feature_metric(spec)[0] for spec in CATALOGUE.values()]
+    assert len(set(names)) == len(names)
+    for spec in CATALOGUE.values():
+        name, factor = feature_metric(spec)
+        if spec.unit in ("share", "%"):
+            assert name.endswith("_ratio") and factor == (0.01 if spec.unit == "%" else 1.0)
+        if spec.unit in ("ms", "s"):
+            assert name.endswith("_seconds") and "_ms_" not in name
+        if spec.unit == "bytes":
+            assert name.endswith("_bytes") and not name.endswith("_bytes_bytes")
+
+
+def test_self_cost_and_targets() -> None:
+    got = samples([two_ranks()])
+    assert value(got, "torchwatch_self_cpu_seconds_total", part="py-spy") == 1.5
+    assert value(got, "torchwatch_self_cpu_ratio") == pytest.approx(4.5 / 30)
+    assert value(got, "torchwatch_self_resident_memory_max_bytes") == 80 << 20
+    assert value(got, "torchwatch_targets") == 1
+    assert samples([]) == {("torchwatch_targets", frozenset({("host", "node1")})): 0.0}
+
+
+def test_one_process_without_readings_uses_the_hook_step_times() -> None:
+    obs = Observation(
+        t=1.0,
+        elapsed_s=5.0,
+        window_s=10.0,
+        target=TargetView(300),
+        ranks={0: RankView(0, 300, steps=StepsView(status="ok", pid=300, p50_ms=50.0, steps=7))},
+        processes=(ProcessRow(300, "main", "python", 40.0, 1 << 20, None, "R1", 1),),
+    )
+    got = samples([obs])
+    assert value(got, "torchwatch_step_time_seconds", rank="0", training_job="", local_rank="") == pytest.approx(0.05)
+    assert value(got, "torchwatch_cpu_ratio", rank="0") == pytest.approx(0.4)
+    assert not [k for k in got if k[0] == "torchwatch_verdict"]  # no analysis yet: no verdict
+
+
+def test_same_gpu_seen_by_two_trainings_is_exported_once() -> None:
+    got = samples([two_ranks(), two_ranks()])
+    assert len([k for k in got if k[0] == "torchwatch_gpu_power_watts"]) == 2
+    assert value(got, "torchwatch_targets") == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("9400", ("127.0.0.1", 9400)), ("0.0.0.0:80", ("0.0.0.0", 80)), ("[::1]:9400", ("::1", 9400))],
+)
+def test_parse_listen(text: str, want: tuple[str, int]) -> None:
+    assert parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "70000", ":9400", "host:"])
+def test_parse_listen_rejects(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_listen(text)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_server_serves_metrics_and_stops() -> None:
+    port = free_port()
+    server = MetricsServer(ObservationCollector(lambda: [two_ranks()], "node1"), "127.0.0.1", port)
+    try:
+        body = urllib.request.urlopen(server.url, timeout=5).read().decode()
+        assert 'torchwatch_step_time_seconds{host="node1",local_rank="1",pid="202",rank="1"' in body
+    finally:
+        server.stop()
+    with socket.socket() as s:  # nothing listens there any more (the scrape's TIME_WAIT aside)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_port_in_use_is_one_line_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(TorchwatchError, match="already in use"):
+            MetricsServer(ObservationCollector(list, "h"), "127.0.0.1", port)
+        code = main(["run", "--headless", "--prometheus", f"127.0.0.1:{port}", "--", "python", "-c", "pass"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.count("\n") == 0 and "already in use" in err and "hint: choose another port" in err
+
+
+def test_bad_prometheus_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--prometheus", "nope", "--", "true"]) == 2
+    assert "--prometheus takes [HOST:]PORT" in capsys.readouterr().err
+
+
+def test_a_rank_watched_alone_keeps_its_own_rank() -> None:
+    view = RankView(
+        0, 400, steps=StepsView(status="ok", pid=400, p50_ms=80.0), rank_info=RankInfo(rank=3, local_rank=1)
+    )
+    got = samples([Observation(t=1.0, elapsed_s=5.0, window_s=10.0, target=TargetView(400), ranks={0: view})])
+    assert value(got, "torchwatch_step_time_seconds", rank="3", local_rank="1") == pytest.approx(0.08)

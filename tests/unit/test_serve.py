@@ -1,0 +1,119 @@
+"""``torchwatch serve``: trainings found from outside (libtorch mapped, topmost of their tree), sessions
+started for new ones and dropped for ended ones, one /metrics for all, SIGTERM ends it cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.unit.test_prometheus import free_port
+from torchwatch.cli.serve import Fleet
+from torchwatch.watch.discover import find_trainings, loads_torch
+
+REPO = Path(__file__).resolve().parents[2]
+# a torch process that starts a torch child (as torchrun starts its ranks), and a Python process without torch
+TORCH_TREE = (
+    "import subprocess, sys, time, torch\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time, torch; print(1, flush=True); time.sleep(120)'],"
+    " stdout=subprocess.PIPE)\n"
+    "child.stdout.readline(); print('ready', child.pid, flush=True); time.sleep(120)\n"
+)
+
+
+@pytest.fixture
+def torch_tree() -> Iterator[tuple[int, int]]:
+    """``(parent, child)``: two processes that loaded torch, the child started by the parent."""
+    proc = subprocess.Popen([sys.executable, "-c", TORCH_TREE], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        child = int(line[1])
+        yield proc.pid, child
+    finally:
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)  # the PID the parent started and still waits on
+        proc.kill()
+        proc.wait()
+
+
+def test_loads_torch_reads_the_maps() -> None:
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        assert not loads_torch(plain.pid)
+        assert not loads_torch(1 << 30)  # no such process: False, no error
+    finally:
+        plain.kill()
+        plain.wait()
+
+
+def test_the_topmost_torch_process_is_the_training(torch_tree: tuple[int, int]) -> None:
+    parent, child = torch_tree
+    assert loads_torch(parent) and loads_torch(child)
+    found = find_trainings()
+    assert parent in found and child not in found  # the child is one of its processes (a rank, a worker)
+    assert found[parent] == pytest.approx(psutil.Process(parent).create_time())
+    assert os.getpid() not in found  # torchwatch never finds itself
+    assert parent not in find_trainings(exclude=[parent])
+
+
+def test_fleet_starts_new_trainings_and_drops_ended_ones() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    fleet = Fleet([], window_s=10.0)
+    try:
+        when = psutil.Process(proc.pid).create_time()
+        started, dropped = fleet.update({proc.pid: when})
+        assert started == [proc.pid] and dropped == []
+        assert fleet.update({proc.pid: when}) == ([], [])  # watched already
+        proc.kill()
+        proc.wait()
+        started, dropped = fleet.update({})
+        assert dropped == [proc.pid] and fleet.sessions() == {}
+    finally:
+        fleet.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_that_cannot_be_watched_is_said_once(capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = Fleet([], window_s=10.0)
+    assert fleet.update({1 << 30: 1.0}) == ([], [])
+    assert fleet.update({1 << 30: 1.0}) == ([], [])
+    assert capsys.readouterr().err.count("not watching PID") == 1
+
+
+def test_serve_exports_and_sigterm_stops_it_cleanly() -> None:
+    port = free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "torchwatch", "serve", "--prometheus", f"127.0.0.1:{port}", "--scan", "1"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert serve.stderr is not None
+        assert "Prometheus metrics on" in serve.stderr.readline()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "torchwatch_targets{" in body
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=60)
+    assert serve.returncode == -signal.SIGTERM, err  # ends by the signal, as run and attach do
+    assert "torchwatch serve: stopped" in err and "Traceback" not in err
+    with socket.socket() as s:  # the port is closed
+        assert s.connect_ex(("127.0.0.1", port)) != 0

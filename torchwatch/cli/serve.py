@@ -1,0 +1,194 @@
+"""``torchwatch serve``: one long-running watcher per machine, for every training it finds.
+
+Every ``--scan`` seconds it looks for trainings (:func:`torchwatch.watch.discover.find_trainings`:
+the topmost Python processes that loaded libtorch), starts a watch :class:`Session` on each new one
+(from outside: ``/proc``, py-spy, NVML, and the hook's readings where the training carries it;
+nothing is injected) and drops the ones that ended. ``--prometheus`` serves all of them on one
+``/metrics``; without it, a status line per training goes to stderr every ``STATUS_EVERY_S``.
+SIGINT, SIGTERM or SIGHUP (or ``--duration``) stop every session and the server; torchwatch then
+ends by that signal (128+N), as ``run`` and ``attach`` do.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from torchwatch.analysis.rules_engine import Rule, load_rules
+from torchwatch.faces.headless import status_line
+from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
+from torchwatch.model.errors import TorchwatchError
+from torchwatch.model.observation import Observation
+from torchwatch.watch.discover import find_trainings
+from torchwatch.watch.lifecycle import StopSignals
+from torchwatch.watch.session import Session, SessionOptions
+from torchwatch.watch.target import check_attachable
+
+log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 30.0  # without --prometheus: one status line per training this often
+
+
+@dataclass
+class _Watched:
+    started: float  # the process's start time: a reused PID is another training
+    session: Session
+    since: float
+
+
+class Fleet:
+    """The sessions of the trainings found, by PID; thread-safe for the exporter's scrapes.
+
+    Args:
+        rules: the rules every session diagnoses with.
+        window_s: each session's verdict window, s.
+    """
+
+    def __init__(self, rules: list[Rule], window_s: float) -> None:
+        self._rules = rules
+        self._window_s = window_s
+        self._lock = threading.Lock()
+        self._watched: dict[int, _Watched] = {}
+        self._refused: set[tuple[int, float]] = set()
+
+    def observations(self) -> list[Observation | None]:
+        """The latest Observation of each training watched (``None`` before its first analysis)."""
+        with self._lock:
+            sessions = [w.session for w in self._watched.values()]
+        return [s.latest_observation for s in sessions]
+
+    def sessions(self) -> dict[int, Session]:
+        """``{pid: session}`` of the trainings watched now."""
+        with self._lock:
+            return {pid: w.session for pid, w in self._watched.items()}
+
+    def update(self, found: dict[int, float]) -> tuple[list[int], list[int]]:
+        """Start watching the trainings ``found`` (``{pid: start time}``) not watched yet, stop
+        watching those that ended (or whose PID now names another process).
+
+        Returns:
+            ``(started, dropped)`` PIDs.
+        """
+        with self._lock:
+            current = dict(self._watched)
+        dropped = [
+            pid
+            for pid, w in current.items()
+            if found.get(pid) != w.started or w.session.target_gone or not _alive(pid, w.started)
+        ]
+        for pid in dropped:
+            self._drop(pid)
+        started = []
+        for pid, when in sorted(found.items()):
+            # the instance watched (or dropped: ended) stays as it is; a reused PID is a new training
+            if (pid in current and current[pid].started == when) or (pid, when) in self._refused:
+                continue
+            session = self._start(pid, when)
+            if session is not None:
+                started.append(pid)
+        return started, dropped
+
+    def _start(self, pid: int, when: float) -> Session | None:
+        try:
+            check_attachable(pid)
+            session = Session(pid, self._rules, SessionOptions(window_s=self._window_s))
+        except (TorchwatchError, psutil.Error) as exc:
+            self._refused.add((pid, when))
+            reason = exc.one_line() if isinstance(exc, TorchwatchError) else repr(exc)
+            print(f"torchwatch serve: not watching PID {pid}: {reason}", file=sys.stderr)
+            return None
+        session.start()
+        with self._lock:
+            self._watched[pid] = _Watched(when, session, time.monotonic())
+        cmd = " ".join(session.observe().target.cmdline)[:200]
+        print(f"torchwatch serve: watching PID {pid}: {cmd}", file=sys.stderr)
+        return session
+
+    def _drop(self, pid: int, why: str = "ended") -> None:
+        with self._lock:
+            w = self._watched.pop(pid, None)
+        if w is None:
+            return
+        w.session.stop()
+        print(f"torchwatch serve: PID {pid} {why}; no longer watched", file=sys.stderr)
+
+    def stop(self) -> None:
+        """Stop every session (the trainings go on)."""
+        with self._lock:
+            pids = list(self._watched)
+        for pid in pids:
+            self._drop(pid, "left running")
+
+
+def _alive(pid: int, started: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def serve_command(
+    listen: tuple[str, int] | None,
+    stops: StopSignals,
+    *,
+    scan_s: float = 5.0,
+    window_s: float = 10.0,
+    duration: float | None = None,
+    rules_dirs: list[Path] | None = None,
+) -> int:
+    """``torchwatch serve``: watch every training found until a stop signal or ``duration``.
+
+    Args:
+        listen: ``(host, port)`` of ``--prometheus``, or ``None`` (status lines on stderr).
+        stops: the stop signals (installed by the caller).
+        scan_s: seconds between two looks for trainings.
+        window_s: each session's verdict window, s.
+        duration: stop after this many seconds (``None``: until a signal).
+        rules_dirs: ``--rules`` directories.
+
+    Returns:
+        0 (a stop signal makes the caller end by it).
+
+    Raises:
+        TorchwatchError: bad rules, or the metrics address cannot be bound.
+    """
+    rules = load_rules(rules_dirs or [])
+    fleet = Fleet(rules, window_s)
+    server = None
+    if listen is not None:
+        server = MetricsServer(ObservationCollector(fleet.observations, socket.gethostname()), *listen)
+        print(f"torchwatch serve: Prometheus metrics on {server.url}", file=sys.stderr)
+    print(
+        f"torchwatch serve: looking for PyTorch trainings every {scan_s:g} s (Python processes with libtorch "
+        "loaded; nothing is injected)",
+        file=sys.stderr,
+    )
+    start = time.monotonic()
+    last_status: dict[int, float] = {}
+    try:
+        while stops.first is None and (duration is None or time.monotonic() - start < duration):
+            fleet.update(find_trainings())
+            if server is None:
+                now = time.monotonic()
+                for pid, session in fleet.sessions().items():
+                    if now - last_status.get(pid, 0.0) >= STATUS_EVERY_S:
+                        obs = session.latest_observation
+                        elapsed = obs.elapsed_s if obs is not None else 0.0
+                        print(f"PID {pid}: {status_line(obs, elapsed)}", file=sys.stderr)
+                        last_status[pid] = now
+            remaining = scan_s if duration is None else min(scan_s, max(0.0, duration - (time.monotonic() - start)))
+            stops.arrived.wait(remaining)
+    finally:
+        fleet.stop()
+        if server is not None:
+            server.stop()
+    print("torchwatch serve: stopped", file=sys.stderr)
+    return 0

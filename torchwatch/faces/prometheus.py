@@ -1,0 +1,509 @@
+"""The Prometheus exporter: ``/metrics`` rendered from the latest Observation at scrape time.
+
+The metrics are a pure function of the Observations (:func:`metric_families`); the HTTP side is
+``prometheus_client``'s own server (:class:`MetricsServer`), with a custom collector
+(:class:`ObservationCollector`) that asks for the latest Observations when Prometheus scrapes, so
+nothing is computed between scrapes.
+
+Naming follows the Prometheus conventions (prometheus.io/docs/practices/naming): base units in the
+name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1, ``_watts``), counters end in ``_total``.
+Help texts are the feature catalogue's where a metric is a feature. Labels:
+
+- per rank: ``rank``, ``local_rank``, ``training_job`` (the key the ranks of one job share:
+  ``TORCHELASTIC_RUN_ID`` or ``MASTER_ADDR:MASTER_PORT``, as the hook publishes it), ``host``, ``pid``;
+  ``training_job`` and not ``job``: Prometheus sets ``job`` to the scrape job's name and renames a
+  scraped ``job`` label to ``exported_job``;
+- per GPU: ``gpu`` (NVML index), ``uuid``, ``name``, ``host``;
+- the verdict: ``label``, ``top_finding`` (the rule id of the first finding), and the target's
+  ``training_job``, ``host``, ``pid``.
+
+A value torchwatch did not measure has no sample (never 0), as in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.observation import FeatureSpec, Observation, ProcessRow, RankView
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+__all__ = [
+    "PREFIX",
+    "MetricsServer",
+    "ObservationCollector",
+    "feature_metric",
+    "metric_families",
+    "parse_listen",
+]
+
+PREFIX = "torchwatch"
+DEFAULT_HOST = "127.0.0.1"  # only this machine can scrape unless a host is given
+
+# Catalogue unit -> (name suffix, factor to the Prometheus base unit), and the suffixes of feature
+# names that already say the unit (taken off before the base unit's suffix goes on).
+_UNITS: dict[str, tuple[str, float]] = {
+    "share": ("_ratio", 1.0),
+    "%": ("_ratio", 0.01),
+    "bytes": ("_bytes", 1.0),
+    "bytes/s": ("_bytes_per_second", 1.0),
+    "ms": ("_seconds", 0.001),
+    "s": ("_seconds", 1.0),
+    "steps/s": ("_per_second", 1.0),
+    "CPUs": ("", 1.0),
+    "count": ("", 1.0),
+    "flag": ("", 1.0),
+}
+_NAME_UNITS = ("_bytes_per_s", "_per_s", "_share", "_pct", "_bytes", "_ratio", "_ms", "_s")
+
+
+def feature_metric(spec: FeatureSpec) -> tuple[str, float]:
+    """The Prometheus name of one catalogue feature and the factor from its unit to the name's.
+
+    ``data_wait_share`` (share) -> ``torchwatch_feature_data_wait_ratio``; ``main_cpu_pct`` (%)
+    -> ``torchwatch_feature_main_cpu_ratio`` (x 0.01); ``step_time_p50_ms`` (ms) ->
+    ``torchwatch_feature_step_time_p50_seconds`` (x 0.001); ``read_bytes_per_s`` ->
+    ``torchwatch_feature_read_bytes_per_second``. A unit the table does not know keeps the name as is.
+    """
+    suffix, factor = _UNITS.get(spec.unit, ("", 1.0))
+    base = spec.name
+    if suffix:
+        for tail in _NAME_UNITS:
+            if base.endswith(tail):
+                base = base[: -len(tail)]
+                break
+    return f"{PREFIX}_feature_{base}{suffix}", factor
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """The label values of one rank."""
+
+    rank: str
+    local_rank: str
+    job: str
+    pid: str
+
+
+_RANK_LABELS = ("rank", "local_rank", "training_job", "host", "pid")
+_GPU_LABELS = ("gpu", "uuid", "name", "host")
+_TARGET_LABELS = ("training_job", "host", "pid")
+
+
+def _help(obs: Sequence[Observation], feature: str, fallback: str, unit_note: str = "") -> str:
+    """The catalogue's text for ``feature`` (the first Observation that has it), else ``fallback``."""
+    for o in obs:
+        spec = o.catalogue.get(feature)
+        if spec is not None:
+            return spec.doc + unit_note
+    return fallback + unit_note
+
+
+def _job(view: RankView) -> str:
+    info = view.rank_info
+    return info.job if info is not None and info.job else ""
+
+
+def _target_job(o: Observation) -> str:
+    """The job of the Observation's ranks (the first one that says)."""
+    return next((_job(v) for v in o.ranks.values() if _job(v)), "")
+
+
+def _processes(o: Observation) -> dict[int, ProcessRow]:
+    return {p.pid: p for p in o.processes}
+
+
+class _Families:
+    """Gauges and counters by name, created on first use with their labels and help."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        self._seen: set[tuple[str, tuple[str, ...]]] = set()
+
+    def add(
+        self,
+        name: str,
+        doc: str,
+        labels: Sequence[str],
+        values: Sequence[str],
+        value: float | None,
+        counter: bool = False,
+    ) -> None:
+        """Add one sample; ``None`` adds nothing, and so does a label set already given (the first wins)."""
+        if value is None or (name, tuple(values)) in self._seen:
+            return
+        self._seen.add((name, tuple(values)))
+        family = self.by_name.get(name)
+        if family is None:
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            # CounterMetricFamily takes the name without _total and adds it to the sample
+            family = kind(name.removesuffix("_total") if counter else name, doc, labels=list(labels))
+            self.by_name[name] = family
+        family.add_metric(list(values), float(value))
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value / 1000.0
+
+
+def _pct(value: float | None) -> float | None:
+    return None if value is None else value / 100.0
+
+
+def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> None:
+    """Per rank: step time, steps/s, steps, data wait, collective wait, CPU, RSS, device memory."""
+    procs = _processes(o)
+    for rank, view in sorted(o.ranks.items()):
+        info = view.rank_info
+        if view.pid is None and view.reading is None and view.steps.steps is None:
+            continue  # nothing known of it yet
+        local = "" if info is None or info.local_rank is None else str(info.local_rank)
+        # one process shown alone is key 0; its hook may know its real rank (a rank watched by itself)
+        if len(o.ranks) == 1 and info is not None and info.rank is not None:
+            rank = info.rank
+        labels = (str(rank), local, _job(view), host, "" if view.pid is None else str(view.pid))
+        steps, reading = view.steps, view.reading
+        proc = procs.get(view.pid) if view.pid is not None else None
+
+        def gauge(
+            name: str, doc: str, value: float | None, counter: bool = False, labels: tuple[str, ...] = labels
+        ) -> None:
+            out.add(f"{PREFIX}_{name}", doc, _RANK_LABELS, labels, value, counter)
+
+        step_ms = reading.step_ms if reading is not None else steps.p50_ms
+        gauge("step_time_seconds", _help(obs, "step_time_p50_ms", "median step time", ", seconds"), _ms(step_ms))
+        gauge(
+            "step_time_p95_seconds",
+            _help(obs, "step_time_p95_ms", "95th percentile step time", ", seconds"),
+            _ms(steps.p95_ms),
+        )
+        gauge("steps_per_second", _help(obs, "hook_steps_per_s", "steps per second"), steps.steps_per_s)
+        gauge("steps_total", "optimizer steps the rank made since its hook started", steps.steps, counter=True)
+        gauge(
+            "data_wait_ratio",
+            _help(obs, "data_wait_fraction", "share of the loop blocked on the DataLoader"),
+            steps.data_wait,
+        )
+        if reading is not None:
+            note = " (median over the window's steps), seconds"
+            gauge("data_wait_seconds", "time per step blocked in DataLoader __next__" + note, _ms(reading.data_wait_ms))
+            gauge(
+                "collective_wait_seconds",
+                "time per step blocked on the other ranks: explicit collectives, and for DDP on the CPU the "
+                "blocked part of backward (the gradient all-reduce)" + note,
+                _ms(reading.collective_wait_ms),
+            )
+            gauge(
+                "compute_seconds",
+                "time per step before the gradient all-reduce other than data wait (forward, optimizer, "
+                "other host work)" + note,
+                _ms(reading.compute_ms),
+            )
+        cpu = reading.cpu_pct if reading is not None and reading.cpu_pct is not None else None
+        if cpu is None and proc is not None:
+            cpu = proc.cpu_pct
+        gauge("cpu_ratio", _help(obs, "main_cpu_pct", "the rank's CPU", " (1 = one core)"), _pct(cpu))
+        gauge(
+            "resident_memory_bytes",
+            "resident memory of the rank's process (DataLoader workers not included), bytes",
+            None if proc is None else proc.rss_bytes,
+        )
+        mem = view.device_memory
+        gauge(
+            "cuda_memory_allocated_bytes",
+            _help(obs, "cuda_mem_allocated_bytes", "device memory in tensors"),
+            mem.allocated_bytes,
+        )
+        gauge(
+            "cuda_memory_reserved_bytes",
+            "device memory the caching allocator holds (torch.cuda.memory_reserved)",
+            mem.reserved_bytes,
+        )
+        verdict = view.verdict
+        if verdict is not None and len(o.ranks) > 1:
+            top = view.findings[0].rule if view.findings else ""
+            out.add(
+                f"{PREFIX}_rank_verdict",
+                "the rank's own verdict: 1 for its label and first finding",
+                (*_RANK_LABELS, "label", "top_finding"),
+                (*labels, verdict.label, top),
+                1.0,
+            )
+
+
+def _gpu_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> None:
+    """Per GPU: utilization, power, memory, and GPM activity when read."""
+    for row in o.gpus:
+        last = row.last
+        labels = (str(row.index), (last.uuid or "") if last is not None else "", row.name, host)
+
+        def gauge(name: str, doc: str, value: float | None, labels: tuple[str, ...] = labels) -> None:
+            out.add(f"{PREFIX}_gpu_{name}", doc, _GPU_LABELS, labels, value)
+
+        gauge("utilization_ratio", "time with at least one kernel running (NVML utilization)", _pct(row.util_pct))
+        gauge("power_watts", "board power draw, W", row.power_w)
+        gauge("power_limit_watts", "enforced power limit, W", row.power_limit_w)
+        gauge("memory_used_bytes", "device memory used, bytes", row.mem_used_bytes)
+        gauge("memory_total_bytes", "device memory, bytes", row.mem_total_bytes)
+        if last is None:
+            continue
+        gpm = (
+            ("sm_active_ratio", "gpu_sm_active_mean", "share of SMs busy (GPM)", last.sm_active_pct),
+            ("sm_occupancy_ratio", "gpu_sm_occupancy_mean", "resident warps / maximum (GPM)", last.sm_occupancy_pct),
+            ("tensor_active_ratio", "gpu_tensor_active_mean", "tensor-core activity (GPM)", last.tensor_active_pct),
+            ("dram_bandwidth_ratio", "gpu_dram_bw_mean", "DRAM bandwidth used / peak (GPM)", last.dram_bw_pct),
+            ("training_sm_ratio", "gpu_proc_sm_pct", "the training's own SM utilization", last.proc_sm_pct),
+        )
+        for name, feature, fallback, pct in gpm:
+            gauge(name, _help(obs, feature, fallback), _pct(pct))
+
+
+def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
+    """The verdict as a labelled gauge, its confidence, the straggler's score, and every feature."""
+    job = _target_job(o)
+    labels = (job, host, str(o.target.pid))
+    if o.verdict is not None:
+        top = o.findings[0].rule if o.findings else ""
+        out.add(
+            f"{PREFIX}_verdict",
+            "torchwatch's verdict on the training (the job's, for several ranks): 1 for its label and first finding",
+            (*_TARGET_LABELS, "label", "top_finding"),
+            (*labels, o.verdict.label, top),
+            1.0,
+        )
+        out.add(
+            f"{PREFIX}_verdict_confidence",
+            "confidence of the verdict, 0..1",
+            _TARGET_LABELS,
+            labels,
+            o.verdict.confidence,
+        )
+    if o.straggler is not None:
+        st = o.straggler
+        out.add(
+            f"{PREFIX}_straggler_score",
+            "the straggler's score: (the victim's collective wait - the straggler's) / step time (TraceML's)",
+            (*_TARGET_LABELS, "rank"),
+            (*labels, str(st.rank)),
+            st.score,
+        )
+    _hang_metrics(out, o, labels)
+    focus = o.ranks.get(o.focus_rank)
+    rank = str(o.focus_rank)
+    feature_labels = (*_TARGET_LABELS, "rank")
+    for name, value in sorted(o.features.items()):
+        spec = o.catalogue.get(name)
+        if spec is None or value is None:
+            continue
+        metric, factor = feature_metric(spec)
+        out.add(
+            metric,
+            f"{spec.doc} (focus rank's window; source {spec.source})",
+            feature_labels,
+            (_job(focus) if focus is not None else job, host, str(o.target.pid), rank),
+            value * factor,
+        )
+
+
+def _hang_metrics(out: _Families, o: Observation, labels: tuple[str, ...]) -> None:
+    """The stall / hang recorder's state: what an alert on a stuck job reads.
+
+    ``torchwatch_hang`` is 1 while the last record is a hang the training has not stepped out of
+    (0 otherwise, also before any record, so an alert has a series to watch);
+    ``torchwatch_hangs_total`` counts the records (one per stall); ``torchwatch_stall_seconds`` is
+    the last record's time without a step, labelled with the rank whose step clock ran out.
+    """
+    hang = o.hang
+    stuck = hang is not None and hang.state in ("hang", "dumping")
+    out.add(
+        f"{PREFIX}_hang",
+        "1 while the training (or one rank) has made no step for longer than the hang threshold, else 0",
+        _TARGET_LABELS,
+        labels,
+        1.0 if stuck else 0.0,
+    )
+    out.add(
+        f"{PREFIX}_hangs_total",
+        "hangs the stall / hang recorder recorded while watching (one per stall)",
+        _TARGET_LABELS,
+        labels,
+        float(hang.number) if hang is not None else 0.0,
+        counter=True,
+    )
+    if hang is not None:
+        out.add(
+            f"{PREFIX}_stall_seconds",
+            "seconds without a step in the last recorded hang: until now, or until the training stepped again",
+            (*_TARGET_LABELS, "rank", "state"),
+            (*labels, "" if hang.rank is None else str(hang.rank), hang.state),
+            hang.stalled_s,
+        )
+
+
+def _self_metrics(out: _Families, obs: Sequence[Observation], host: str) -> None:
+    """torchwatch's own cost: CPU seconds (torchwatch, py-spy), CPU share of a core, peak RSS."""
+    usage = [o.own_usage for o in obs]
+    labels = ("host",)
+    tw = max(u.torchwatch_cpu_s for u in usage)
+    spy = sum(u.pyspy_cpu_s for u in usage)
+    doc = "CPU time torchwatch spent watching, seconds: its own process (all threads) and py-spy"
+    out.add(f"{PREFIX}_self_cpu_seconds_total", doc, ("host", "part"), (host, "torchwatch"), tw, counter=True)
+    out.add(f"{PREFIX}_self_cpu_seconds_total", doc, ("host", "part"), (host, "py-spy"), spy, counter=True)
+    wall = max(u.wall_s for u in usage)
+    if wall > 0:
+        out.add(
+            f"{PREFIX}_self_cpu_ratio",
+            "torchwatch's and py-spy's CPU since watching started / wall time (1 = one core)",
+            labels,
+            (host,),
+            (tw + spy) / wall,
+        )
+    out.add(
+        f"{PREFIX}_self_resident_memory_max_bytes",
+        "torchwatch's peak resident memory, bytes",
+        labels,
+        (host,),
+        max(u.max_rss_bytes for u in usage),
+    )
+
+
+def metric_families(observations: Iterable[Observation], host: str) -> list[Metric]:
+    """Every metric of ``observations`` (one per watched training), as Prometheus metric families.
+
+    A pure function: the same Observations give the same metrics. A GPU seen by several
+    trainings is exported once (the first Observation's reading); so is a rank label set.
+
+    Args:
+        observations: the latest Observation of each training watched (may be empty).
+        host: the ``host`` label (this machine's name).
+
+    Returns:
+        Gauge and counter families; ``torchwatch_targets`` (trainings watched) is always there.
+    """
+    obs = list(observations)
+    out = _Families()
+    out.add(f"{PREFIX}_targets", "trainings torchwatch watches now", ("host",), (host,), float(len(obs)))
+    for o in obs:
+        _verdict_metrics(out, o, host)
+        _rank_metrics(out, obs, o, host)
+        _gpu_metrics(out, obs, o, host)
+    if obs:
+        _self_metrics(out, obs, host)
+    return list(out.by_name.values())
+
+
+class ObservationCollector(Collector):
+    """A ``prometheus_client`` collector that renders :func:`metric_families` at each scrape.
+
+    Args:
+        latest: returns the latest Observations (cheap: a session's ``latest_observation``).
+        host: the ``host`` label.
+    """
+
+    def __init__(self, latest: Callable[[], Iterable[Observation | None]], host: str) -> None:
+        self._latest = latest
+        self._host = host
+
+    def collect(self) -> Iterator[Metric]:
+        """The metrics of the Observations there are now (a training not analysed yet has none)."""
+        yield from metric_families((o for o in self._latest() if o is not None), self._host)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``[HOST:]PORT`` of ``--prometheus``: ``9400``, ``0.0.0.0:9400``, ``[::1]:9400``, ``node1:9400``.
+
+    Returns:
+        ``(host, port)``; the host is :data:`DEFAULT_HOST` when not given.
+
+    Raises:
+        UsageError: not a port 1-65535, or an empty host.
+    """
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host = DEFAULT_HOST
+    elif host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    hint = "give --prometheus a port, or HOST:PORT, e.g. --prometheus 9400 or --prometheus 0.0.0.0:9400"
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"--prometheus takes [HOST:]PORT, not {text!r}", hint) from None
+    if not 1 <= port <= 65535 or not host:
+        raise UsageError(f"--prometheus takes [HOST:]PORT with a port 1-65535, not {text!r}", hint)
+    return host, port
+
+
+def _family(host: str) -> socket.AddressFamily:
+    with contextlib.suppress(ValueError):
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    return socket.AF_INET
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP on ``host:port``, in a daemon thread (``prometheus_client``'s server).
+
+    Args:
+        collector: what a scrape renders.
+        host / port: where to listen (see :func:`parse_listen`).
+
+    Raises:
+        TorchwatchError: the port is in use, or the address cannot be bound (one line with the fix).
+    """
+
+    def __init__(self, collector: Collector, host: str, port: int) -> None:
+        from prometheus_client.exposition import start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        self.host, self.port = host, port
+        self._stopped = threading.Event()
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise _bind_error(exc, host, port) from None
+        self._server: WSGIServer = server
+        self._thread = thread
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/metrics``."""
+        host = f"[{self.host}]" if _family(self.host) == socket.AF_INET6 else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def _bind_error(exc: OSError, host: str, port: int) -> TorchwatchError:
+    """One line for a failed bind, with the fix."""
+    if exc.errno == errno.EADDRINUSE:
+        return TorchwatchError(
+            f"--prometheus {host}:{port}: port {port} is already in use",
+            f"choose another port, or find what holds it: ss -ltnp 'sport = :{port}'",
+        )
+    if exc.errno == errno.EACCES:
+        return TorchwatchError(
+            f"--prometheus {host}:{port}: permission denied", "use a port above 1023, or run as root"
+        )
+    return TorchwatchError(
+        f"--prometheus {host}:{port}: cannot listen there: {exc.strerror or exc}",
+        "give an address of this machine (127.0.0.1, 0.0.0.0, ::) and a free port",
+    )
