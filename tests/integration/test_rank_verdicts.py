@@ -19,9 +19,15 @@ pytest.importorskip("torch.distributed", reason="the ranks need torch")
 pytestmark = pytest.mark.integration
 
 SCEN = Path(__file__).resolve().parents[1] / "scenarios" / "distributed"
-DURATION = 32.0  # ranks start slowly on a loaded 2-core machine (first step after 5-12 s)
+# Ranks start slowly on a loaded 2-core machine (first step after 5-12 s): the straggler is named
+# within NAMED_WITHIN_S of it, and the last 10 s window before the end is all steady steps.
+DURATION = 28.0
 NAMED_WITHIN_S = 10.0  # the straggler is named within this long of the first step
 LAUNCHERS = ("torchrun", "mp.spawn")
+# What differs between the launchers is how the ranks are found and which process is the
+# launcher (torchrun's agent, or an idle mp.spawn parent that is a Python main too); the job's
+# verdict is the same code after that. The straggler runs under both; balanced runs under mp.spawn
+# (its idle parent must not make "waits elsewhere"), communication-bound under torchrun.
 
 
 def watch_job(tmp_path: Path, scenario: str, launcher: str) -> Watched:
@@ -60,7 +66,7 @@ def named_at(stderr: str, rank: int) -> float | None:
     return None
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["mp.spawn"])
 def test_balanced_ranks_have_no_straggler(tmp_path: Path, launcher: str) -> None:
     rep = watch_job(tmp_path, "balanced", launcher).report
     assert rep is not None
@@ -87,7 +93,7 @@ def test_rank_with_slow_data_is_named_the_straggler(tmp_path: Path, launcher: st
     assert named - first_step <= NAMED_WITHIN_S
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", ["torchrun"])
 def test_large_model_tiny_compute_is_communication_bound(tmp_path: Path, launcher: str) -> None:
     rep = watch_job(tmp_path, "comm_bound", launcher).report
     assert rep is not None

@@ -1,7 +1,8 @@
 """Distributed trainings get the hook in every rank (torchrun and torch.multiprocessing.spawn),
 never in DataLoader workers; ranks publish who they are and how long they wait on each other;
 a burst asked of every rank for the same steps lands in one folder that HTA reads as one
-multi-rank trace. Each test runs a real 2-rank gloo DDP training on the CPU."""
+multi-rank trace. Each test reads a real 2-rank gloo DDP training on the CPU (the identity and
+slow-peer tests share one per launcher)."""
 
 from __future__ import annotations
 
@@ -62,9 +63,26 @@ def _train(tmp_path: Path, launcher: str, *args: str, seconds: float = 4.0) -> t
     return ranks, out
 
 
-@pytest.mark.parametrize("launcher", ["mp.spawn", "torchrun"])
-def test_ranks_are_hooked_with_their_identity_and_their_workers_are_not(tmp_path: Path, launcher: str) -> None:
-    ranks, out = _train(tmp_path, launcher, "--workers", "2")
+SLEEP_MS = 40.0  # rank 1 sleeps this long before each forward: rank 0 waits for it in the all-reduce
+
+
+@pytest.fixture(scope="module", params=["mp.spawn", "torchrun"])
+def trained(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict[int, Any], Path]:
+    """One training per launcher, shared by the tests below (each start costs ~20 s of imports on
+    2 cores): 2 spawned DataLoader workers per rank, rank 1 sleeping :data:`SLEEP_MS` per step."""
+    launcher: str = request.param
+    ranks, out = _train(
+        tmp_path_factory.mktemp(launcher), launcher, "--workers", "2", "--rank1-sleep-ms", str(SLEEP_MS)
+    )
+    return launcher, ranks, out
+
+
+def test_ranks_are_hooked_with_their_identity_and_their_workers_are_not(
+    trained: tuple[str, dict[int, Any], Path],
+) -> None:
+    launcher, ranks, out = trained
     for r, view in ranks.items():
         assert view["hooked"], view
         st = view["state"]
@@ -91,10 +109,11 @@ def test_ranks_are_hooked_with_their_identity_and_their_workers_are_not(tmp_path
         assert sorted(launcher_view["spawned_ranks"]) == sorted(v["pid"] for v in ranks.values())
 
 
-@pytest.mark.parametrize("launcher", ["mp.spawn", "torchrun"])
-def test_the_rank_that_waits_on_a_slow_peer_shows_it_blocked_in_backward(tmp_path: Path, launcher: str) -> None:
-    sleep_ms = 40.0
-    ranks, _ = _train(tmp_path, launcher, "--rank1-sleep-ms", str(sleep_ms))
+def test_the_rank_that_waits_on_a_slow_peer_shows_it_blocked_in_backward(
+    trained: tuple[str, dict[int, Any], Path],
+) -> None:
+    launcher, ranks, _ = trained
+    sleep_ms = SLEEP_MS
     medians = {r: v["median"] for r, v in ranks.items()}
     fast, slow = medians[0], medians[1]
     # Synchronous DDP: both steps last as long; rank 0 waits in the reducer's all-reduce for

@@ -29,12 +29,13 @@ from typing import Any, TextIO
 import psutil
 
 from torchwatch.analysis.rules_engine import Rule, load_rules
-from torchwatch.cli.injecting import Injected, detach_hook, inject_hook
+from torchwatch.cli.injecting import Injected, detach_hook, inject_hook, inject_job, job_report
 from torchwatch.faces import hang, report
 from torchwatch.faces.headless import status_line
 from torchwatch.inject.injector import Injector
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.model.observation import Observation
+from torchwatch.watch.job import find_job
 from torchwatch.watch.lifecycle import (
     Launched,
     StopSignals,
@@ -248,36 +249,58 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     check_trace_path(opts.trace)
     tree = check_attachable(pid)
     opts = _headless_without_terminal(opts)
+    job = find_job(pid)
+    if job.is_job:
+        print(job.line(), file=sys.stderr)
     with contextlib.ExitStack() as stack:
         exporter = Exporter.start(opts.prometheus)
         if exporter is not None:
             stack.callback(exporter.server.stop)
-        injected: Injected | None = None
+        injected: list[Injected] = []
         injector: Injector | None = None
-        started: float | None = None
         if opts.inject:
             injector = stack.enter_context(Injector())
             injector.warm_up()
-            mains = tree.mains()
-            into = pid if pid in mains or not mains else mains[0]
-            with contextlib.suppress(psutil.Error):
-                started = psutil.Process(into).create_time()
-            injected = inject_hook(injector, into)
+            if job.is_job:
+                injected = inject_job(injector, job)
+            else:
+                mains = tree.mains()
+                into = pid if pid in mains or not mains else mains[0]
+                injected = [inject_hook(injector, into)]
+        started = {d.pid: _started(d.pid) for d in injected}
         try:
             # a hook just injected has not published yet: "starting", not "unavailable", until it does
-            hooked = bool(injected and injected.hooked)
-            session = Session(pid, rules, replace(opts.session_options(), hook_expected=hooked))
+            hooked = any(d.hooked for d in injected)
+            session = Session(job.root, rules, replace(opts.session_options(), hook_expected=hooked))
         except psutil.NoSuchProcess:
-            raise TorchwatchError(f"PID {pid} exited while attaching", "start the training again") from None
+            raise TorchwatchError(f"PID {job.root} exited while attaching", "start the training again") from None
+        if job.kind == "mp.spawn" and job.launcher is not None:
+            # the launcher has no hook to say which of its spawned children are ranks: attach found them
+            session.tree.mark_spawned_ranks(job.launcher, [m.pid for m in job.ranks])
+            session.tree.refresh()
+        if job.is_job:
+            injection: dict[str, Any] | None = job_report(job, injected, opts.inject)
+        else:
+            injection = injected[0].report() if injected else None
         if exporter is not None:
             exporter.session = session
         try:
             session.start()
-            ending = _drive(session, None, opts, None, stops, injected.report() if injected else None)
+            ending = _drive(session, None, opts, None, stops, injection)
         finally:
-            if injector is not None and injected is not None and injected.ours and not opts.keep_hook:
-                _take_out(injector, injected.pid, started)
+            if injector is not None and not opts.keep_hook:
+                for d in injected:
+                    if d.ours:
+                        _take_out(injector, d.pid, started[d.pid])
     return _exit_status(ending, session, opts)
+
+
+def _started(pid: int) -> float | None:
+    """``pid``'s start time (psutil), ``None`` when it is gone: with the PID, who it is."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _take_out(injector: Injector, pid: int, started: float | None) -> None:

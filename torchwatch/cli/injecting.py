@@ -16,6 +16,7 @@ from typing import Any
 
 from torchwatch.inject.injector import Injector, Outcome, Payload
 from torchwatch.model.errors import TorchwatchError
+from torchwatch.watch.job import Job
 
 LIVE_MODULE = "torchwatch.hook.live"
 # Imports first, in a thread of the training (not holding it), then the install on the held main thread.
@@ -122,6 +123,50 @@ def inject_hook(injector: Injector, pid: int) -> Injected:
         )
     print(found.line, file=sys.stderr)
     return found
+
+
+def inject_job(injector: Injector, job: Job) -> list[Injected]:
+    """Install the hook in every rank of ``job`` (never in its launcher), one after the other, each
+    as :func:`inject_hook` does (its line printed); then one line saying which ranks have a hook.
+    A rank that exited or whose PID now names another process is skipped, and said. Never raises."""
+    done: list[Injected] = []
+    for member in job.ranks:
+        if not member.alive():
+            done.append(
+                Injected(member.pid, False, False, f"torchwatch: PID {member.pid} exited before attach reached it")
+            )
+            print(done[-1].line, file=sys.stderr)
+            continue
+        done.append(inject_hook(injector, member.pid))
+    hooked = [str(d.pid) for d in done if d.hooked]
+    without = [f"PID {d.pid}" for d in done if not d.hooked]
+    line = f"torchwatch: hook in {len(hooked)} of {len(done)} ranks" + (
+        f" (PIDs {', '.join(hooked)})" if hooked else ""
+    )
+    if without:
+        line += f"; none in {', '.join(without)} (its line above says why)"
+    print(line, file=sys.stderr)
+    return done
+
+
+def job_report(job: Job, injected: list[Injected], tried: bool = True) -> dict[str, Any]:
+    """The JSON report's ``injection`` for a job: the keys of :meth:`Injected.report` over all ranks
+    (``injected``/``hooked``: any rank; ``pause_ms``: the longest hold), ``ranks`` (each rank's
+    own, with ``pid``) and ``job`` (:meth:`torchwatch.watch.job.Job.report`); ``tried``: false
+    under ``--no-inject`` (then ``reason`` says so and ``ranks`` is empty)."""
+    each = [{"pid": d.pid, **d.report()} for d in injected]
+    pauses = [d.pause_ms for d in injected if d.pause_ms is not None]
+    methods = sorted({d.method for d in injected if d.method})
+    hooked = sum(d.hooked for d in injected)
+    return {
+        "injected": any(d.ours for d in injected),
+        "hooked": hooked > 0,
+        "method": methods[0] if methods else None,  # one interpreter version, one method
+        "pause_ms": round(max(pauses), 1) if pauses else None,
+        "reason": f"hook in {hooked} of {len(injected)} ranks of the job" if tried else "--no-inject: nothing injected",
+        "ranks": each,
+        "job": job.report(),
+    }
 
 
 def detach_hook(injector: Injector, pid: int) -> tuple[bool, str, str | None]:

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import publish, runtime, wire
+from torchwatch.hook import publish, ranks, runtime, wire
 
 FRAMES = 12  # frames above the DataLoader wrapper searched for the loader (the loop is usually 1-3 up)
 # Frames of the main thread searched at install time: it may be held deep inside a batch's
@@ -264,6 +264,9 @@ def install() -> dict[str, Any]:
         from torchwatch.hook import _env_signal, should_install
 
         ok, why = should_install()
+        if not ok and ranks.spawn_index() is not None:
+            # a spawned child running torch.multiprocessing.spawn's function is a rank, not a DataLoader worker
+            ok = True
         if not ok:
             out["reason"] = f"this process is a {why}, not a training: attach to the training process"
             return out

@@ -158,8 +158,8 @@ class Identity:
             put(field, _env_int(env, var, lo), _ENV)
         put("rank", self.dist_rank, _DIST)
         put("world_size", self.dist_world, _DIST)
-        if self.spawned_by is not None:
-            put("local_rank", spawn_index(), _INDEX)
+        # Also without the parent's mark: a hook that attach injected into a spawned rank.
+        put("local_rank", spawn_index(), _INDEX)
         run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
         if run_id and run_id != "none":  # torchrun's default rendezvous id: shared by unrelated jobs
             put("job", wire.clean_text(run_id, wire.NAME), _ENV)

@@ -279,12 +279,13 @@ def parse_dump(text: str) -> tuple[DumpedThread, ...]:
 
 
 def dump_threads(
-    pid: int, binary: str | None = None, timeout: float = DUMP_TIMEOUT_S
+    pid: int, binary: str | None = None, timeout: float = DUMP_TIMEOUT_S, nonblocking: bool = False
 ) -> tuple[tuple[DumpedThread, ...], str | None, float]:
     """Every thread of ``pid`` once, with ``py-spy dump --json`` (Python frames only).
 
     py-spy pauses the process (ptrace) only while it reads the stacks: 0.01-0.03 s for a
-    training rank or a DataLoader worker on the 2-core test machine. ``--native`` is left out:
+    training rank or a DataLoader worker on the 2-core test machine; ``nonblocking`` reads
+    them without pausing it (py-spy's ``--nonblocking``: a frame may be read mid-change). ``--native`` is left out:
     it took 0.2-1.15 s per process there (0.76 CPU-s for a rank loading libtorch's symbols),
     40-100x more, and would take minutes over 8 ranks of 8 workers.
 
@@ -298,7 +299,15 @@ def dump_threads(
     t0 = time.monotonic()
     try:
         done = subprocess.run(
-            [binary, "dump", "--json", "--full-filenames", "--pid", str(pid)],
+            [
+                binary,
+                "dump",
+                "--json",
+                "--full-filenames",
+                "--pid",
+                str(pid),
+                *(["--nonblocking"] if nonblocking else []),
+            ],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=timeout,
