@@ -64,8 +64,10 @@ def test_gradient_accumulation_keeps_optimizer_steps(tmp_path: Path) -> None:
 def test_an_optimizer_that_never_steps_gives_way_to_backward_passes(tmp_path: Path) -> None:
     r = steps_script("never_stepped", tmp_path)
     assert r["step_source"] == "backward" and r["backward_calls"] == N
-    # undecided for at least 5 passes and 0.2 s (10 ms apart): those are not steps
-    assert 1 <= r["steps"] <= N - 5
+    # the decision needs 5 passes and 0.2 s since the first one (10 ms apart): passes 1-4 are
+    # never boundaries; the 5th is the first one at the earliest (when 4 gaps took >= 0.2 s, as on
+    # a loaded machine), and every pass from the deciding one on ends a step
+    assert 1 <= r["steps"] <= N - 4
 
 
 def test_a_late_optimizer_takes_over_once(tmp_path: Path) -> None:
