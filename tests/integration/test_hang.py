@@ -93,10 +93,20 @@ def _untouched(pids: list[int]) -> list[str]:
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
-    """The test ends the training itself: SIGKILL to its group (a hung gloo rank ignores SIGTERM)."""
+    """The test ends the training itself: SIGKILL to its group and to every process below it (a hung
+    gloo rank ignores SIGTERM, and torchrun starts each rank in a session of its own, which the
+    group's SIGKILL misses: a deadlocked rank 0 outlived the test by hours)."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
     proc.wait(30)
+    psutil.wait_procs(tree, timeout=30)
 
 
 def _check_timing(h: dict[str, Any]) -> None:
