@@ -9,7 +9,8 @@ from torchwatch.model.units import fmt_value
 def status_line(obs: Observation | None, elapsed_s: float) -> str:
     """One line: the label and confidence, then data wait, loop CPU, disk wait, workers, steps/s
     and GPU (with its SM activity when GPM reads it), and for a job of several ranks the
-    straggler (or none); ``starting`` before the first verdict.
+    straggler (or none), and the samplers' cadence (``sampling: fast|steady``); ``starting``
+    before the first verdict.
 
     Args:
         obs: the latest Observation (``None``: none yet).
@@ -39,4 +40,5 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
             if st is not None
             else f"{len(obs.ranks)} ranks, no straggler"
         )
+    parts.append(f"sampling: {obs.sampling.mode}")
     return " | ".join(parts)

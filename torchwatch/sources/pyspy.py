@@ -11,9 +11,11 @@ the end of a chunk and must never be stopped with SIGTERM (data lost): chunks si
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -230,6 +232,15 @@ class PySpySource:
         if usage is not None:
             self.cpu_s += usage.ru_utime + usage.ru_stime
         return proc.returncode, err
+
+    def cut_short(self) -> None:
+        """End the running chunk now (SIGINT: py-spy writes what it sampled and exits, and the
+        next chunk starts at the current :attr:`rate`): a slow steady chunk must not hold the
+        fast cadence back for seconds."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.send_signal(signal.SIGINT)
 
     def close(self) -> None:
         """Stop a running py-spy with SIGINT (SIGTERM would lose its data) and stop sampling."""

@@ -25,6 +25,7 @@ from torchwatch.model.observation import (
     DeviceMemory,
     Observation,
     RankView,
+    SamplingView,
     SelfUsage,
     StepsView,
     TargetView,
@@ -90,6 +91,7 @@ class Tick:
         hook_status: the hook source's status (``None``: the session reads no hook).
         burst_possible: whether a burst may be asked for, and why not.
         history: the verdict's changes. own_usage: what watching cost so far.
+        sampling: the samplers' cadence (fast or steady) and why.
     """
 
     now: float
@@ -104,6 +106,7 @@ class Tick:
     burst_possible: tuple[bool, str] = (False, NO_HOOK)
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
+    sampling: SamplingView = field(default_factory=SamplingView)
 
 
 def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
@@ -300,6 +303,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         memory=views.memory_trend(long.processes, long.gpus),
         history=tick.history,
         own_usage=tick.own_usage,
+        sampling=tick.sampling,
     )
 
 

@@ -110,12 +110,16 @@ def finding_text(finding: Finding, catalogue: Mapping[str, FeatureSpec], verdict
     return grid
 
 
-def sources_text(statuses: Iterable[tuple[str, SourceStatus]]) -> Text:
-    """``psutil ok · nvml unavailable: reason`` with the state coloured."""
+def sources_text(statuses: Iterable[tuple[str, SourceStatus]], sampling: str | None = None) -> Text:
+    """``sampling: steady · psutil ok · nvml unavailable: reason`` with the states coloured
+    (``sampling``: the samplers' cadence, left out when ``None``)."""
     colours = {Status.OK: "green", Status.STARTING: "yellow", Status.UNAVAILABLE: "red", Status.GONE: "yellow"}
     text = Text()
-    for i, (name, st) in enumerate(statuses):
-        if i:
+    if sampling is not None:
+        text.append("sampling: ")
+        text.append(sampling, style="cyan" if sampling == "fast" else "green")
+    for name, st in statuses:
+        if text:
             text.append(" · ", style="dim")
         text.append(f"{name} ")
         text.append(st.status.value, style=colours.get(st.status, ""))
