@@ -149,6 +149,7 @@ def test_steady_cadence_is_slower_than_fast_everywhere() -> None:
         "proc_interval_s",
         "hook_interval_s",
         "nvml_interval_s",
+        "analysis_interval_s",
     ):
         assert getattr(steady, name) > getattr(fast, name), name
     # a user's slower --rate is never made faster by the steady cadence

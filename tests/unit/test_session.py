@@ -181,9 +181,20 @@ def test_the_policy_reads_the_verdict_its_finding_the_loop_and_the_tree(
         findings=[info, win],
         verdict=Verdict("cpu-bound", 0.9, "The loop computes."),
     )
+    session.hook.status = SourceStatus.ok()
     r = session._cadence_reading(analysis)
     assert (r.label, r.top_finding, r.confidence) == ("cpu-bound", "loop-cpu", 0.9)
     assert r.step_time_s == 0.25 and r.steps == 40.0 and r.data_wait == 0.3
     assert r.processes == (1, 2) and r.straggler is None and not r.collecting
     collecting = session._cadence_reading(Analysis(t=2.0, features={"data_wait_share": 0.5}))
     assert collecting.collecting and collecting.top_finding is None and collecting.data_wait == 0.5
+    # a verdict made before the training steps (importing torch, its hook not stepping yet)
+    idle = Verdict("undetermined", 0.3, "No resource is seen limiting the loop.")
+    session.hook.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
+    assert session._cadence_reading(Analysis(t=3.0, features={}, verdict=idle)).collecting
+    session.hook.status = SourceStatus.ok()
+    assert session._cadence_reading(Analysis(t=3.0, features={"hook_steps_per_s": 0.0}, verdict=idle)).collecting
+    assert not session._cadence_reading(Analysis(t=3.0, features={"hook_steps_per_s": 2.0}, verdict=idle)).collecting
+    session.hook.status = SourceStatus.unavailable("no hook in PID 1", "start it with torchwatch run")
+    assert session._cadence_reading(Analysis(t=3.0, features={"startup_share": 0.9}, verdict=idle)).collecting
+    assert not session._cadence_reading(Analysis(t=3.0, features={"startup_share": 0.1}, verdict=idle)).collecting

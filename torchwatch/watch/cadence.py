@@ -62,6 +62,7 @@ class Cadence:
         proc_interval_s: seconds between two psutil rounds (CPU, RSS, the tree's processes).
         hook_interval_s: seconds between two reads of the hook's files.
         nvml_interval_s: seconds between two NVML samples.
+        analysis_interval_s: seconds between two evaluations of the rules (and Observations).
     """
 
     mode: str
@@ -72,17 +73,20 @@ class Cadence:
     proc_interval_s: float
     hook_interval_s: float
     nvml_interval_s: float
+    analysis_interval_s: float = 1.0
 
 
-def fast_cadence(pyspy_rate: int = 20, pyspy_chunk_s: float = 3.0, thread_interval_s: float = 0.1) -> Cadence:
+def fast_cadence(
+    pyspy_rate: int = 20, pyspy_chunk_s: float = 3.0, thread_interval_s: float = 0.1, analysis_interval_s: float = 1.0
+) -> Cadence:
     """Today's rates (the session's options): every reading as often as the first verdict needs."""
-    return Cadence(FAST, pyspy_rate, pyspy_chunk_s, thread_interval_s, 1.0, 1.0, 0.5, 1.0)
+    return Cadence(FAST, pyspy_rate, pyspy_chunk_s, thread_interval_s, 1.0, 1.0, 0.5, 1.0, analysis_interval_s)
 
 
 def steady_cadence(fast: Cadence) -> Cadence:
     """The settled cadence: py-spy at a quarter of the fast rate (at least 5 Hz) in 8 s chunks,
     thread states at 5 Hz (every thread every 2 s), psutil every 2 s, the hook every second, NVML
-    every 2 s; never faster than ``fast``."""
+    and the rules every 2 s; never faster than ``fast``."""
     return Cadence(
         STEADY,
         pyspy_rate=min(fast.pyspy_rate, max(5, fast.pyspy_rate // 4)),
@@ -92,6 +96,7 @@ def steady_cadence(fast: Cadence) -> Cadence:
         proc_interval_s=max(fast.proc_interval_s, 2.0),
         hook_interval_s=max(fast.hook_interval_s, 1.0),
         nvml_interval_s=max(fast.nvml_interval_s, 2.0),
+        analysis_interval_s=max(fast.analysis_interval_s, 2.0),
     )
 
 
@@ -110,7 +115,8 @@ class CadenceReading:
             PIDs and the same work).
         straggler: the straggler's PID (``None``: none, or one process).
         burst: the focus hook's burst state and count (``state:count``; ``None``: no hook).
-        collecting: the verdict still waits for samples (never settles).
+        collecting: the verdict still waits for samples, or the training for its first steps
+            (never settles).
     """
 
     label: str

@@ -140,7 +140,9 @@ class Session:
         # The sampler threads nap on this condition: a change of cadence wakes them at once.
         self._nap = threading.Condition()
         self._cadence_gen = 0
-        self.cadence = CadencePolicy(fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s))
+        self.cadence = CadencePolicy(
+            fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
+        )
         self.sampling_changes: list[tuple[float, str, str]] = []  # (s since start, mode, why)
         self._steady_since: float | None = None
         self._steady_s = 0.0
@@ -421,8 +423,20 @@ class Session:
             processes=(roles.count(Role.MAIN), roles.count(Role.WORKER)),
             straggler=analysis.straggler.pid if analysis.straggler is not None else None,
             burst=None if burst is None else f"{burst.state}:{burst.count}",
-            collecting=v.label == "undetermined" and v.confidence == 0.0,
+            collecting=self._collecting(analysis),
         )
+
+    def _collecting(self, analysis: Analysis) -> bool:
+        """The verdict cannot settle yet: it still waits for samples, the training is still
+        starting (importing, or its hook has counted no step in the window), so the readings
+        that matter have not begun."""
+        v, f = analysis.verdict, analysis.features
+        if v.label == "undetermined" and v.confidence == 0.0:
+            return True
+        if (f.get("startup_share") or 0.0) > 0.5:  # py-spy sees the loop's thread importing
+            return True
+        hook = self.hook.status.status
+        return hook is Status.STARTING or (hook is Status.OK and not f.get("hook_steps_per_s"))
 
     def _adapt(self, reading: CadenceReading | str, now: float | None = None) -> None:
         """Hand the policy a reading (or, as a string, why to go fast: a key, a burst request)
@@ -493,7 +507,10 @@ class Session:
             self.options = dataclasses.replace(self.options, trace_path=None)
 
     def _analysis_loop(self) -> None:
-        while not self._stop.wait(self.options.analysis_interval_s):
+        while True:
+            self._sleep(self.cadence.cadence.analysis_interval_s)
+            if self._stop.is_set():
+                break
             self.store.trim(time.monotonic())
             if self.ended_at is not None:
                 break
