@@ -152,6 +152,9 @@ def test_steady_cadence_is_slower_than_fast_everywhere() -> None:
         "analysis_interval_s",
     ):
         assert getattr(steady, name) > getattr(fast, name), name
+    # a short --window gets chunks that fit in it (every window holds a chunk's stacks)
+    assert steady_cadence(fast, window_s=5.0).pyspy_chunk_s == 4.0
+    assert steady_cadence(fast, window_s=3.0).pyspy_chunk_s == fast.pyspy_chunk_s
     # a user's slower --rate is never made faster by the steady cadence
     slow = steady_cadence(fast_cadence(pyspy_rate=2, pyspy_chunk_s=10.0, thread_interval_s=1.0))
     assert (slow.pyspy_rate, slow.pyspy_chunk_s, slow.thread_interval_s) == (2, 10.0, 1.0)

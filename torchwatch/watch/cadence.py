@@ -83,14 +83,16 @@ def fast_cadence(
     return Cadence(FAST, pyspy_rate, pyspy_chunk_s, thread_interval_s, 1.0, 1.0, 0.5, 1.0, analysis_interval_s)
 
 
-def steady_cadence(fast: Cadence) -> Cadence:
-    """The settled cadence: py-spy at a quarter of the fast rate (at least 5 Hz) in 8 s chunks,
-    thread states at 5 Hz (every thread every 2 s), psutil every 2 s, the hook every second, NVML
-    and the rules every 2 s; never faster than ``fast``."""
+def steady_cadence(fast: Cadence, window_s: float = 10.0) -> Cadence:
+    """The settled cadence: py-spy at a quarter of the fast rate (at least 5 Hz) in chunks of 8 s
+    (at most 0.8 of the verdict's ``window_s``: a chunk and py-spy's start, 0.1-0.5 s, must fit in
+    a window, whose stacks all come stamped at a chunk's end), thread states at 5 Hz (every thread
+    every 2 s), psutil every 2 s, the hook every second, NVML and the rules every 2 s; never faster
+    than ``fast``."""
     return Cadence(
         STEADY,
         pyspy_rate=min(fast.pyspy_rate, max(5, fast.pyspy_rate // 4)),
-        pyspy_chunk_s=max(fast.pyspy_chunk_s, 8.0),
+        pyspy_chunk_s=max(fast.pyspy_chunk_s, min(8.0, 0.8 * window_s)),
         thread_interval_s=max(fast.thread_interval_s, 0.2),
         all_threads_interval_s=max(fast.all_threads_interval_s, 2.0),
         proc_interval_s=max(fast.proc_interval_s, 2.0),

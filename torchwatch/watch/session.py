@@ -39,7 +39,7 @@ from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
-from torchwatch.watch.cadence import FAST, Cadence, CadencePolicy, CadenceReading, fast_cadence
+from torchwatch.watch.cadence import FAST, Cadence, CadencePolicy, CadenceReading, fast_cadence, steady_cadence
 from torchwatch.watch.observe import Tick, Trends, device_memory, observe, target_view
 
 log = logging.getLogger(__name__)
@@ -140,9 +140,8 @@ class Session:
         # The sampler threads nap on this condition: a change of cadence wakes them at once.
         self._nap = threading.Condition()
         self._cadence_gen = 0
-        self.cadence = CadencePolicy(
-            fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
-        )
+        fast = fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
+        self.cadence = CadencePolicy(fast, steady_cadence(fast, opts.window_s))
         self.sampling_changes: list[tuple[float, str, str]] = []  # (s since start, mode, why)
         self._steady_since: float | None = None
         self._steady_s = 0.0
