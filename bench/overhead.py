@@ -182,8 +182,8 @@ def main() -> int:
                 shares = " ".join(f"{p['steady_share']:.2f}" for p in pairs)
                 spans = " ".join(f"{p['window'][0]:g}-{p['window'][1]:g}" for p in pairs)
                 print(f"{'':25s} steady share of the window: {shares}; windows (s after the first step): {spans}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+            if args.json:  # after every row: a long run stopped early keeps what it measured
+                Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
 
