@@ -243,7 +243,11 @@ def main() -> None:
             print(line("headless:", own, spy, rss_mean, rss_max))
         finally:
             proc.send_signal(2)
-            proc.wait(30)
+            try:
+                proc.wait(90)  # it stops the training and writes the report (seconds on a loaded machine)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait(30)
 
 
 if __name__ == "__main__":
