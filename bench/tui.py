@@ -24,6 +24,7 @@ Usage: python bench/tui.py [--demo dataloader_bound] [--seconds 30] [--warmup 30
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -231,8 +232,9 @@ def main() -> None:
     finally:
         tmux.kill()
     if args.headless_too:
+        report = Path(tempfile.mkdtemp(prefix="torchwatch-bench-")) / "report.json"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torchwatch", "run", "--headless", "--", *shlex.split(demo)],
+            [sys.executable, "-m", "torchwatch", "run", "--headless", "--json", str(report), "--", *shlex.split(demo)],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -248,6 +250,12 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.terminate()
                 proc.wait(30)
+        if report.exists():  # the cadence over the run: steady through the measurement (after the warm-up)?
+            changes = json.loads(report.read_text()).get("sampling", {}).get("changes", [])
+            print(
+                f"headless sampling (measured from ~{args.warmup:g} s to ~{args.warmup + args.seconds:g} s): "
+                + (", ".join(f"{c['mode']} at {c['t']:g} s ({c['reason']})" for c in changes) or "fast throughout")
+            )
 
 
 if __name__ == "__main__":
