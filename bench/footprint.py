@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -34,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+_CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 sys.path.insert(0, str(REPO))
 
+from torchwatch.analysis.rules_engine import load_rules  # noqa: E402
 from torchwatch.watch.lifecycle import hook_env  # noqa: E402
 from torchwatch.watch.session import Session, SessionOptions  # noqa: E402
 
@@ -45,12 +48,15 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime
 
 
-def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int) -> float:
-    """CPU % of one core used by one source sampling ``pid`` for ``seconds``."""
+def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int, interval: float | None = None) -> float:
+    """CPU % of one core used by one source sampling ``pid`` for ``seconds`` (``interval``: s
+    between samples, default the source's own)."""
     s = Session(pid, [], opts)
     src = {"psutil": s.proc, "hook": s.hook, "py-spy": s.pyspy}.get(name) or next(
         x for x in s.sources if x.name == name
     )
+    if interval is not None:
+        src.interval = interval
     stop = threading.Event()
 
     def loop() -> None:
@@ -116,6 +122,47 @@ class Scraper:
             "latency_ms_p50": round(1000 * lat[len(lat) // 2], 1),
             "latency_ms_max": round(1000 * lat[-1], 1),
         }
+
+
+def _thread_cpu_s(native_id: int) -> float:
+    """CPU s (user + system) of one thread of this process, from ``/proc/self/task/TID/stat``."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def session_shares(seconds: float, pid: int, warmup: float = 0.0) -> dict[str, float]:
+    """A whole session (every source and the analysis thread, rules loaded) on ``pid``: each
+    thread's CPU % of one core over ``seconds`` after ``warmup`` s, py-spy's children, and the
+    whole process (``all``: threads + the interpreter's main thread + py-spy).
+
+    Per-thread CPU comes from ``/proc/self/task/TID/stat`` (clock ticks, 10 ms each), so shares
+    under ~0.05 % of a core read as 0 over 20 s.
+    """
+    s = Session(pid, load_rules(), SessionOptions())
+    s.start()
+    time.sleep(warmup)
+    threads = {t.name.removeprefix("torchwatch-"): t.native_id for t in s._threads if t.native_id}
+    c0, p0, t0 = _cpu_s(), s.pyspy.cpu_s, time.monotonic()
+    before = {name: _thread_cpu_s(tid) for name, tid in threads.items()}
+    sampling = []
+    end = t0 + seconds
+    while time.monotonic() < end:
+        time.sleep(1.0)
+        sampling.append(s.cadence.mode)
+    after = {name: _thread_cpu_s(tid) for name, tid in threads.items()}
+    wall = time.monotonic() - t0
+    py_spy = s.pyspy.cpu_s - p0
+    total = _cpu_s() - c0 + py_spy
+    s.stop()
+    out = {name: 100.0 * (after[name] - before[name]) / wall for name in threads}
+    out["py-spy children"] = 100.0 * py_spy / wall
+    out["all"] = 100.0 * total / wall
+    out["steady_share"] = sampling.count("steady") / max(1, len(sampling))
+    return out
 
 
 def whole_tool_on_tree(seconds: float, ranks: bool = False, exporter: bool = False) -> dict[str, Any]:
@@ -243,6 +290,14 @@ def main() -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--tree-only", action="store_true", help="only the whole tool on the 8 x 8 trees")
     parser.add_argument("--exporter-only", action="store_true", help="only the exporter's cost (part 3)")
+    parser.add_argument("--no-tree", action="store_true", help="leave the 8 x 8 trees out")
+    parser.add_argument("--session-only", action="store_true", help="only the whole session's per-thread shares")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=25.0,
+        help="seconds the whole session runs before measuring (default 25: steady)",
+    )
     args = parser.parse_args()
     if args.exporter_only:
         figures = exporter(args.seconds)
@@ -251,15 +306,20 @@ def main() -> int:
         return 0
     if args.tree_only:
         return trees(args.seconds, [], args.json)
-    configs = [
-        ("psutil", "1 Hz", SessionOptions()),
-        ("threads", "10 Hz", SessionOptions(thread_interval_s=0.1)),
-        ("threads", "5 Hz", SessionOptions(thread_interval_s=0.2)),
-        ("hook", "2 Hz", SessionOptions()),
-        ("nvml", "1 Hz", SessionOptions()),
-        ("py-spy", "20 Hz, 3 s chunks", SessionOptions(pyspy_rate=20, pyspy_chunk_s=3.0)),
-        ("py-spy", "10 Hz, 3 s chunks", SessionOptions(pyspy_rate=10, pyspy_chunk_s=3.0)),
-        ("py-spy", "10 Hz, 6 s chunks", SessionOptions(pyspy_rate=10, pyspy_chunk_s=6.0)),
+    fast = SessionOptions()
+    configs: list[tuple[str, str, SessionOptions, float | None]] = [
+        ("psutil", "1 Hz", fast, None),
+        ("psutil", "0.5 Hz", fast, 2.0),
+        ("threads", "10 Hz", SessionOptions(thread_interval_s=0.1), None),
+        ("threads", "5 Hz", SessionOptions(thread_interval_s=0.2), None),
+        ("threads", "2 Hz", SessionOptions(thread_interval_s=0.5), None),
+        ("hook", "2 Hz", fast, None),
+        ("hook", "1 Hz", fast, 1.0),
+        ("nvml", "1 Hz", fast, None),
+        ("py-spy", "20 Hz, 3 s chunks", SessionOptions(pyspy_rate=20, pyspy_chunk_s=3.0), None),
+        ("py-spy", "10 Hz, 3 s chunks", SessionOptions(pyspy_rate=10, pyspy_chunk_s=3.0), None),
+        ("py-spy", "10 Hz, 6 s chunks", SessionOptions(pyspy_rate=10, pyspy_chunk_s=6.0), None),
+        ("py-spy", "5 Hz, 10 s chunks", SessionOptions(pyspy_rate=5, pyspy_chunk_s=10.0), None),
     ]
     demo = [sys.executable, str(REPO / "demo" / "dataloader_bound.py"), "--device", "cpu", "--seconds", "600"]
     target = subprocess.Popen(demo, cwd=REPO, env=hook_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -267,13 +327,22 @@ def main() -> int:
     try:
         time.sleep(8)  # past imports
         print(f"{'sampler':8s} {'rate':18s} {'CPU % of a core':>16s}   (alone, {args.seconds:g} s on dataloader_bound)")
-        for name, rate, opts in configs:
-            pct = sampler_cost(name, opts, args.seconds, target.pid)
+        for name, rate, opts, interval in [] if args.session_only else configs:
+            pct = sampler_cost(name, opts, args.seconds, target.pid, interval)
             rows.append({"sampler": name, "rate": rate, "cpu_pct_of_core": round(pct, 2)})
-            print(f"{name:8s} {rate:18s} {pct:16.2f}")
+            print(f"{name:8s} {rate:18s} {pct:16.2f}", flush=True)
+        shares = session_shares(args.seconds, target.pid, warmup=args.warmup)
+        print(f"\nwhole session in this process, defaults, per thread ({args.seconds:g} s after {args.warmup:g} s):")
+        for name, pct in shares.items():
+            print(f"  {name:18s} {pct:6.2f}" + ("" if name == "steady_share" else " % of a core"))
+        rows.append({"sampler": "session", "shares": shares})
     finally:
         target.kill()
         target.wait()
+    if args.no_tree or args.session_only:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"samplers": rows}, indent=2))
+        return 0
     return trees(args.seconds, rows, args.json)
 
 

@@ -1,21 +1,38 @@
 """What watching costs the training: steps/s of a demo alone vs under ``torchwatch run --headless``.
 
-Interleaved pairs (A B A B ...) with medians, because a shared machine drifts. Also prints the
-CPU seconds torchwatch and its py-spy children used per second of watching. Rerun:
+Interleaved pairs (A B A B ...) with medians, because a shared machine drifts; every pair's ratio
+is printed with the pairs' spread (min-max). Also prints the CPU torchwatch and its py-spy
+children used (% of one core, whole run). Rerun:
 
     python bench/overhead.py --pairs 5 --seconds 20 [--demos cpu_bound,dataloader_bound] [--json out.json]
+
+Steady state (issue 16: the samplers drop to a steady cadence once the verdict settles):
+
+    python bench/overhead.py --pairs 5 --steady-window 30 --threads 1,default --demos cpu_bound,dataloader_bound
+
+``--steady-window S`` runs each demo under ``bench/_stepclock.py`` (every optimizer step's time) for
+``--seconds`` (default 46 with a window) and counts the steps/s of both runs of a pair over the
+same S seconds: from the moment the watched run's cadence went steady (its report's ``sampling``
+changes, after its first step) plus 1 s, in both runs measured from their own first step. The
+share of that window the watched run spent steady is printed (1.00: steady throughout).
+``--threads 1,default`` repeats every demo with ``OMP_NUM_THREADS=1`` (and ``MKL_NUM_THREADS=1``:
+the demo's intra-op pool is one thread, so a foreign CPU-millisecond delays one thread, not a
+two-thread op that waits for its slowest half) and with torch's default.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import json
+import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 _DONE = re.compile(r"demo \S+: done, \d+ steps in [\d.]+ s, ([\d.]+) steps/s")
@@ -28,64 +45,145 @@ def _steps_per_s(stderr: str) -> float:
     return float(m.group(1))
 
 
-def run_once(demo: str, seconds: float, watched: bool) -> tuple[float, float | None]:
-    """Steps/s of one run, and torchwatch's own CPU + py-spy's (% of one core) when watched."""
-    cmd = [sys.executable, str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(seconds)]
-    if not watched:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
-        return _steps_per_s(proc.stderr), None
+def _env(threads: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if threads != "default":
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = threads
+    else:
+        env.pop("OMP_NUM_THREADS", None)
+        env.pop("MKL_NUM_THREADS", None)
+    return env
+
+
+def run_once(
+    demo: str, seconds: float, watched: bool, threads: str = "default", stamps: bool = False
+) -> dict[str, Any]:
+    """One run: ``steps_per_s`` (whole run), torchwatch's own CPU + py-spy's (``cpu_pct``, % of one
+    core) and its report's ``sampling`` and ``first_step_after_s`` when watched, and every
+    optimizer step's monotonic time (``stamps``) when asked."""
     with tempfile.TemporaryDirectory() as tmp:
+        script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(seconds)]
+        clock = Path(tmp) / "steps.bin"
+        cmd = [sys.executable, *([str(REPO / "bench" / "_stepclock.py"), str(clock)] if stamps else []), *script]
         out = Path(tmp) / "report.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "torchwatch", "run", "--headless", "--json", str(out), "--", *cmd],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            check=False,
-        )
-        own = json.loads(out.read_text())["self"]
-    return _steps_per_s(proc.stderr), float(own["cpu_pct_of_core"])
+        if watched:
+            cmd = [sys.executable, "-m", "torchwatch", "run", "--headless", "--json", str(out), "--", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False, env=_env(threads))
+        row: dict[str, Any] = {"steps_per_s": _steps_per_s(proc.stderr)}
+        if watched:
+            report = json.loads(out.read_text())
+            row["cpu_pct"] = float(report["self"]["cpu_pct_of_core"])
+            row["sampling"] = report.get("sampling") or {}
+            row["first_step_after_s"] = (report.get("hook") or {}).get("first_step_after_s")
+        if stamps:
+            times = array.array("d")
+            times.frombytes(clock.read_bytes())
+            row["stamps"] = list(times)
+    return row
+
+
+def steady_start(watched: dict[str, Any]) -> float | None:
+    """Seconds after the watched run's first step when its cadence first went steady."""
+    first = watched.get("first_step_after_s")
+    changes = (watched.get("sampling") or {}).get("changes") or []
+    t = next((c["t"] for c in changes if c["mode"] == "steady"), None)
+    return None if t is None or first is None else max(0.0, t - first)
+
+
+def steady_share(watched: dict[str, Any], start: float, end: float) -> float:
+    """Share of ``[start, end]`` (seconds after watching started) the watched run spent steady."""
+    changes = (watched.get("sampling") or {}).get("changes") or []
+    mode, t_prev, steady = "fast", start, 0.0
+    for c in changes:
+        t = min(max(c["t"], start), end)
+        if mode == "steady":
+            steady += t - t_prev
+        mode, t_prev = c["mode"], t
+    if mode == "steady":
+        steady += end - t_prev
+    return steady / (end - start) if end > start else 0.0
+
+
+def window_rate(stamps: list[float], start: float, seconds: float) -> float:
+    """Steps/s over ``[first step + start, + seconds]``: the steps in it over their time span."""
+    if not stamps:
+        return 0.0
+    a = stamps[0] + start
+    inside = [t for t in stamps if a <= t <= a + seconds]
+    if len(inside) < 2:
+        return 0.0
+    return (len(inside) - 1) / (inside[-1] - inside[0])
+
+
+def pair(demo: str, seconds: float, threads: str, window: float | None) -> dict[str, Any]:
+    """One interleaved pair: the demo alone, then watched; their steps/s and ratio."""
+    alone = run_once(demo, seconds, False, threads, stamps=window is not None)
+    watched = run_once(demo, seconds, True, threads, stamps=window is not None)
+    row = {"alone": alone["steps_per_s"], "watched": watched["steps_per_s"], "cpu_pct": watched["cpu_pct"]}
+    if window is not None:
+        start = steady_start(watched)
+        if start is None:  # never settled: the fast cadence throughout, over the last window
+            start = max(0.0, seconds - window - 1.0)
+        start += 1.0
+        span = min(window, seconds - start)
+        row["alone"] = window_rate(alone["stamps"], start, span)
+        row["watched"] = window_rate(watched["stamps"], start, span)
+        first = watched.get("first_step_after_s") or 0.0
+        row["window"] = (round(start, 1), round(start + span, 1))
+        row["steady_share"] = steady_share(watched, first + start, first + start + span)
+    row["ratio"] = row["watched"] / row["alone"] if row["alone"] else 0.0
+    return row
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, help="demo run time (default 20; 16 + the window with one)")
     parser.add_argument("--demos", default="cpu_bound,dataloader_bound,io_bound")
+    parser.add_argument("--threads", default="default", help="comma-separated: default and/or a thread count")
+    parser.add_argument("--steady-window", type=float, metavar="S", help="steps/s over S s of steady state")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
-    rows = []
+    window = args.steady_window
+    seconds = args.seconds or (16.0 + window if window else 20.0)
+    what = f"steady-state window of {window:g} s" if window else "whole runs"
     print(
-        f"{'demo':17s} {'alone':>8s} {'watched':>8s} {'ratio':>6s} {'loss':>6s} {'tw CPU':>7s}  (medians of "
-        f"{args.pairs} interleaved pairs, {args.seconds:g} s each)"
+        f"{'demo':17s} {'threads':7s} {'alone':>7s} {'watched':>7s} {'ratio':>6s} {'loss':>6s} {'tw CPU':>6s}  "
+        f"(medians of {args.pairs} interleaved pairs of {seconds:g} s runs, {what}; load "
+        f"{os.getloadavg()[0]:.2f})",
+        flush=True,
     )
+    rows = []
     for demo in args.demos.split(","):
-        alone, watched, ratios, cpus = [], [], [], []
-        for _ in range(args.pairs):
-            a, _ = run_once(demo, args.seconds, watched=False)
-            w, cpu = run_once(demo, args.seconds, watched=True)
-            alone.append(a)
-            watched.append(w)
-            ratios.append(w / a)
-            cpus.append(cpu or 0.0)
-        ratio = statistics.median(ratios)
-        row = {
-            "demo": demo,
-            "alone": statistics.median(alone),
-            "watched": statistics.median(watched),
-            "ratio": ratio,
-            "loss_pct": 100 * (1 - ratio),
-            "torchwatch_cpu_pct": statistics.median(cpus),
-            "ratios": ratios,
-        }
-        rows.append(row)
-        print(
-            f"{demo:17s} {row['alone']:8.1f} {row['watched']:8.1f} {ratio:6.3f} {row['loss_pct']:5.1f}% "
-            f"{row['torchwatch_cpu_pct']:6.1f}%",
-            flush=True,
-        )
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        for threads in args.threads.split(","):
+            pairs = [pair(demo, seconds, threads, window) for _ in range(args.pairs)]
+            ratios = [p["ratio"] for p in pairs]
+            ratio = statistics.median(ratios)
+            row = {
+                "demo": demo,
+                "threads": threads,
+                "alone": statistics.median(p["alone"] for p in pairs),
+                "watched": statistics.median(p["watched"] for p in pairs),
+                "ratio": ratio,
+                "loss_pct": 100 * (1 - ratio),
+                "torchwatch_cpu_pct": statistics.median(p["cpu_pct"] for p in pairs),
+                "spread": (min(ratios), max(ratios)),
+                "pairs": pairs,
+                "load": os.getloadavg()[0],
+            }
+            rows.append(row)
+            print(
+                f"{demo:17s} {threads:7s} {row['alone']:7.2f} {row['watched']:7.2f} {ratio:6.3f} "
+                f"{row['loss_pct']:5.1f}% {row['torchwatch_cpu_pct']:5.1f}%  spread {min(ratios):.3f}-"
+                f"{max(ratios):.3f}; pairs " + " ".join(f"{r:.3f}" for r in ratios),
+                flush=True,
+            )
+            if window:
+                shares = " ".join(f"{p['steady_share']:.2f}" for p in pairs)
+                spans = " ".join(f"{p['window'][0]:g}-{p['window'][1]:g}" for p in pairs)
+                print(f"{'':25s} steady share of the window: {shares}; windows (s after the first step): {spans}")
+            if args.json:  # after every row: a long run stopped early keeps what it measured
+                Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
 

@@ -15,12 +15,16 @@ the default refresh, then:
 3. With ``--headless-too`` the same demo under ``torchwatch run --headless`` for the same
    time: the difference is what the TUI adds to sampling.
 
-Usage: python bench/tui.py [--demo dataloader_bound] [--seconds 30] [--presses 10] [--headless-too]
+The warm-up (30 s) covers the fast cadence: the figures are the steady state's, and the key
+presses come after them (a key sends the cadence back to fast).
+
+Usage: python bench/tui.py [--demo dataloader_bound] [--seconds 30] [--warmup 30] [--presses 10] [--headless-too]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -191,7 +195,13 @@ def main() -> None:
         sys.exit(as_torchwatch(sys.argv[2], sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demo", default="dataloader_bound")
-    parser.add_argument("--seconds", type=float, default=30.0, help="measurement time (after a 12 s warm-up)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measurement time (after the warm-up)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="seconds before measuring (default 30: torch import, first verdict, and the cadence settled to steady)",
+    )
     parser.add_argument("--presses", type=int, default=10)
     parser.add_argument("--size", default="80x24", help="terminal size, WxH")
     parser.add_argument("--headless-too", action="store_true", help="also measure torchwatch --headless")
@@ -200,7 +210,7 @@ def main() -> None:
         raise SystemExit("tmux is not installed")
     width, height = (int(v) for v in args.size.split("x"))
     python = shlex.quote(sys.executable)
-    train_s = args.seconds + 60
+    train_s = args.seconds + args.warmup + 48
     demo = f"{python} demo/{args.demo}.py --device cpu --seconds {train_s:.0f}"
     timings = Path(tempfile.mkdtemp(prefix="torchwatch-bench-")) / "keys.txt"
     me = shlex.quote(str(Path(__file__).resolve()))
@@ -209,7 +219,7 @@ def main() -> None:
     tmux = Tmux(width, height, cmd)
     try:
         tw = find(tmux.shell, "--as-torchwatch")
-        time.sleep(12.0)  # torch import, first verdict
+        time.sleep(args.warmup)  # torch import, first verdict, the cadence settling
         own, spy, rss_mean, rss_max = usage(tw, args.seconds)
         print(line("TUI:", own, spy, rss_mean, rss_max))
         print(summary("key 'p' to screen, through tmux", key_latency(tmux, args.presses), args.presses))
@@ -222,19 +232,30 @@ def main() -> None:
     finally:
         tmux.kill()
     if args.headless_too:
+        report = Path(tempfile.mkdtemp(prefix="torchwatch-bench-")) / "report.json"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "torchwatch", "run", "--headless", "--", *shlex.split(demo)],
+            [sys.executable, "-m", "torchwatch", "run", "--headless", "--json", str(report), "--", *shlex.split(demo)],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
-            time.sleep(12.0)
+            time.sleep(args.warmup)
             own, spy, rss_mean, rss_max = usage(psutil.Process(proc.pid), args.seconds)
             print(line("headless:", own, spy, rss_mean, rss_max))
         finally:
             proc.send_signal(2)
-            proc.wait(30)
+            try:
+                proc.wait(90)  # it stops the training and writes the report (seconds on a loaded machine)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait(30)
+        if report.exists():  # the cadence over the run: steady through the measurement (after the warm-up)?
+            changes = json.loads(report.read_text()).get("sampling", {}).get("changes", [])
+            print(
+                f"headless sampling (measured from ~{args.warmup:g} s to ~{args.warmup + args.seconds:g} s): "
+                + (", ".join(f"{c['mode']} at {c['t']:g} s ({c['reason']})" for c in changes) or "fast throughout")
+            )
 
 
 if __name__ == "__main__":

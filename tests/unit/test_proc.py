@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
-from torchwatch.model.readings import Role, Wait
-from torchwatch.sources.proc import assign_roles, classify_wait
+from torchwatch.analysis.views import process_rows
+from torchwatch.model.readings import ProcessSample, Role, ThreadSample, Wait
+from torchwatch.sources.proc import ProcessTree, ThreadStateSource, assign_roles, classify_wait
 
 X86 = "x86_64"
 ARM = "aarch64"
@@ -224,3 +228,43 @@ def test_psi_rate_is_the_growth_of_some_total(tmp_path: object) -> None:
     assert psi.sample(7.0) == pytest.approx(15.0)
     path.unlink()
     assert psi.sample(8.0) is None  # PSI gone (no CONFIG_PSI): None, no error
+
+
+def test_thread_rounds_read_main_threads_and_every_thread_once_per_all_interval() -> None:
+    """Most rounds read each process's main thread only (the features read nothing else); every
+    thread is read once every ``all_interval`` s, for the Processes panel."""
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    helper.start()
+    try:
+        tree = ProcessTree(os.getpid())
+        assert tree.nodes()[os.getpid()].role is Role.MAIN
+        src = ThreadStateSource(tree, interval=0.1, all_interval=1.0)
+        every = {s.tid for s in src.sample(100.0) if isinstance(s, ThreadSample)}
+        assert os.getpid() in every and helper.native_id in every
+        for t in (100.1, 100.2, 100.9):
+            main_only = [s for s in src.sample(t) if isinstance(s, ThreadSample)]
+            assert [s.tid for s in main_only] == [os.getpid()]
+        # a full round due within half a round is taken now, not one round late
+        assert {s.tid for s in src.sample(100.96) if isinstance(s, ThreadSample)} >= {os.getpid(), helper.native_id}
+    finally:
+        stop.set()
+
+
+def _thread(t: float, tid: int, wait: Wait) -> ThreadSample:
+    return ThreadSample(t, 10, tid, Role.MAIN, tid == 10, "R" if wait is Wait.RUNNING else "S", wait)
+
+
+def test_process_table_counts_the_last_round_of_every_thread() -> None:
+    """Rounds of the main thread alone after a full round: the state letters still count all."""
+    threads = [
+        _thread(1.0, 10, Wait.RUNNING),
+        _thread(1.0, 11, Wait.SYNC),
+        _thread(1.0, 12, Wait.SYNC),
+        _thread(1.1, 10, Wait.SYNC),
+        _thread(1.2, 10, Wait.RUNNING),
+    ]
+    procs = [ProcessSample(1.2, 10, 1, Role.MAIN, "python", ("python",), 50.0, 1 << 20, None, None, num_threads=3)]
+    (row,) = process_rows(procs, threads)
+    assert row.threads == "R1 W2"
+    assert process_rows(procs, threads[3:])[0].threads == "R1"  # one thread seen: its latest round

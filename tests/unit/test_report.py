@@ -7,6 +7,7 @@ import copy
 import json
 import math
 import socket
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from torchwatch.faces.burst import burst_lines
 from torchwatch.faces.headless import status_line
 from torchwatch.hook.summary import load_trace, summarize_trace
 from torchwatch.hook.wire import BurstResult
-from torchwatch.model.observation import Observation, TargetView, VerdictChange
+from torchwatch.model.observation import Observation, SamplingChange, SamplingView, TargetView, VerdictChange
 from torchwatch.model.readings import SourceStatus, Status
 from torchwatch.model.units import fmt_value
 from torchwatch.watch.observe import Tick, Trends, observe
@@ -148,6 +149,8 @@ def test_undetermined_report_validates() -> None:
         (("findings", 0, "fixes", 0, "title"), 3),
         (("created",), "23/11/2026 17:55"),
         (("torchwatch_version",), ""),
+        (("sampling", "mode"), "slow"),
+        (("sampling", "returns_to_fast"), -1),
     ],
 )
 def test_schema_rejects_contract_breaches(busy: dict[str, Any], path: tuple[Any, ...], bad: Any) -> None:
@@ -173,6 +176,7 @@ def test_schema_rejects_contract_breaches(busy: dict[str, Any], path: tuple[Any,
         "torchwatch_version",
         "created",
         "host",
+        "sampling",
     ],
 )
 def test_schema_requires_contract_keys(busy: dict[str, Any], key: str) -> None:
@@ -214,6 +218,33 @@ def test_status_line() -> None:
     assert "GPU n/a" in line
     gpu_line = status_line(observation(analysed(features(gpu_util_mean=100.0, gpu_sm_active_mean=0.12))), 12.0)
     assert "GPU 100% (SM 12%)" in gpu_line
+
+
+def test_sampling_in_the_report_the_text_and_the_status_line() -> None:
+    steady = SamplingView(
+        mode="steady",
+        reason="the verdict held for 10 evaluations in a row",
+        steady_s=42.4,
+        returns_to_fast=1,
+        changes=(
+            SamplingChange(14.0, "steady", "the verdict held for 10 evaluations in a row"),
+            SamplingChange(30.0, "fast", "a key was pressed in the TUI"),
+            SamplingChange(40.0, "steady", "the verdict held for 10 evaluations in a row"),
+        ),
+    )
+    obs = replace(observation(analysed(features(storage_wait_share=0.5))), sampling=steady)
+    data = report.build(obs, watched_s=60.0)
+    VALIDATOR.validate(data)
+    assert data["sampling"]["mode"] == "steady"
+    assert data["sampling"]["steady_s"] == 42.4 and data["sampling"]["returns_to_fast"] == 1
+    assert [c["mode"] for c in data["sampling"]["changes"]] == ["steady", "fast", "steady"]
+    assert "sampling: steady (the verdict held for 10 evaluations in a row; 42 s steady, back to fast 1 time)" in (
+        report.render_text(data)
+    )
+    assert status_line(obs, 60.0).endswith(" | sampling: steady")
+    fast = report.build(observation(analysed(features(storage_wait_share=0.5))), watched_s=3.0)
+    assert fast["sampling"]["mode"] == "fast"
+    assert status_line(observation(analysed(features())), 3.0).endswith(" | sampling: fast")
 
 
 def test_burst_lines_give_the_idle_split_and_pageable_copies() -> None:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import threading
+import time
 
 import pytest
 
 from tests.unit import nvml_replay
 from tests.unit.hookrecords import hook_record
+from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.rules_engine import load_rules
-from torchwatch.model.readings import HookState, SourceStatus, Status
+from torchwatch.model.findings import Finding, Verdict
+from torchwatch.model.readings import HookState, Role, SourceStatus, Status
 from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, PROC_NOT_TREE, NvmlSource
+from torchwatch.sources.proc import TreeNode
+from torchwatch.watch.cadence import SETTLE_EVALUATIONS, CadenceReading
 from torchwatch.watch.observe import NO_CUDA, NO_HOOK_MEMORY
 from torchwatch.watch.session import Session, SessionOptions
 
@@ -95,3 +103,98 @@ def test_missing_device_memory_says_why_from_the_hooks_record(
     assert session.why_missing("cuda_mem_unused_reserved_bytes") == NO_HOOK_MEMORY
     session.store.add([HookState(1.0, 7, 0, 0, 0.0, 0.0, record=hook_record(7, cuda_initialized=False))])
     assert session.why_missing("cuda_mem_peak_ratio") == NO_CUDA
+
+
+def _settle(s: Session) -> None:
+    """Hand the session's policy readings of one settled verdict until it goes steady."""
+    reading = CadenceReading(label="cpu-bound", top_finding="loop-cpu", confidence=0.9, processes=(1, 0))
+    for _ in range(SETTLE_EVALUATIONS):
+        s._adapt(reading)
+
+
+def test_the_steady_cadence_slows_every_sampler_and_a_wake_restores_them(session: Session) -> None:
+    fast = (session.pyspy.rate, session.pyspy.chunk, session.threads.interval, session.proc.interval)
+    assert session.sampling().mode == "fast"
+    _settle(session)
+    view = session.sampling()
+    assert view.mode == "steady" and [c.mode for c in view.changes] == ["steady"]
+    assert session.pyspy.rate < fast[0] and session.pyspy.chunk > fast[1]
+    assert session.threads.interval > fast[2] and session.threads.all_interval > 1.0
+    assert session.proc.interval > fast[3] and session.hook.interval > 0.5
+    assert session.observe().sampling.mode == "steady"
+    session.wake("a key was pressed in the TUI")
+    assert (session.pyspy.rate, session.pyspy.chunk, session.threads.interval, session.proc.interval) == fast
+    view = session.sampling()
+    assert view.mode == "fast" and view.returns_to_fast == 1 and view.reason == "a key was pressed in the TUI"
+    assert view.steady_s >= 0.0 and [c.mode for c in view.changes] == ["steady", "fast"]
+
+
+@pytest.mark.parametrize(("adaptive", "mode"), [(True, "steady"), (False, "fast")])
+def test_each_analysis_feeds_the_policy_unless_adaptive_is_off(
+    adaptive: bool, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = Session(os.getpid(), load_rules(), SessionOptions(nvml=False, adaptive=adaptive))
+    reading = CadenceReading(label="cpu-bound", top_finding="loop-cpu", confidence=0.9)
+    monkeypatch.setattr(s, "_cadence_reading", lambda analysis: reading)
+    for _ in range(SETTLE_EVALUATIONS):
+        s.analyze()
+    assert s.sampling().mode == mode
+    assert s.observe().sampling.mode == mode
+    if not adaptive:
+        assert s.sampling().reason == "adaptive cadence off"
+
+
+def test_going_fast_wakes_napping_samplers_and_cuts_a_slow_py_spy_chunk_short(session: Session) -> None:
+    _settle(session)
+    chunk = subprocess.Popen(["sleep", "30"])  # stands for a running steady py-spy chunk
+    session.pyspy._proc = chunk  # type: ignore[assignment]
+    napped: list[float] = []
+
+    def nap() -> None:
+        t0 = time.monotonic()
+        session._sleep(20.0)
+        napped.append(time.monotonic() - t0)
+
+    sleeper = threading.Thread(target=nap)
+    sleeper.start()
+    time.sleep(0.2)
+    session.request_burst()  # no training process: refused, but the cadence goes fast first
+    sleeper.join(5)
+    assert napped and napped[0] < 5.0
+    assert chunk.wait(5) == -signal.SIGINT
+    assert session.sampling().reason == "a profiler burst was asked for"
+
+
+def test_the_policy_reads_the_verdict_its_finding_the_loop_and_the_tree(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = {
+        pid: TreeNode(pid, 1, role, "python", ("python",), 0.0)
+        for pid, role in ((100, Role.LAUNCHER), (200, Role.MAIN), (201, Role.WORKER), (202, Role.WORKER))
+    }
+    monkeypatch.setattr(session.tree, "nodes", lambda: nodes)
+    info = Finding("loop-sleeps", "undetermined", "info", "sleeps", 0.1, {}, (), "")
+    win = Finding("loop-cpu", "cpu-bound", "critical", "The loop computes.", 0.8, {}, (), "")
+    analysis = Analysis(
+        t=1.0,
+        features={"step_time_p50_ms": 250.0, "hook_steps_per_s": 4.0, "data_wait_fraction": 0.3},
+        findings=[info, win],
+        verdict=Verdict("cpu-bound", 0.9, "The loop computes."),
+    )
+    session.hook.status = SourceStatus.ok()
+    r = session._cadence_reading(analysis)
+    assert (r.label, r.top_finding, r.confidence) == ("cpu-bound", "loop-cpu", 0.9)
+    assert r.step_time_s == 0.25 and r.steps == 40.0 and r.data_wait == 0.3
+    assert r.processes == (1, 2) and r.straggler is None and not r.collecting
+    collecting = session._cadence_reading(Analysis(t=2.0, features={"data_wait_share": 0.5}))
+    assert collecting.collecting and collecting.top_finding is None and collecting.data_wait == 0.5
+    # a verdict made before the training steps (importing torch, its hook not stepping yet)
+    idle = Verdict("undetermined", 0.3, "No resource is seen limiting the loop.")
+    session.hook.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
+    assert session._cadence_reading(Analysis(t=3.0, features={}, verdict=idle)).collecting
+    session.hook.status = SourceStatus.ok()
+    assert session._cadence_reading(Analysis(t=3.0, features={"hook_steps_per_s": 0.0}, verdict=idle)).collecting
+    assert not session._cadence_reading(Analysis(t=3.0, features={"hook_steps_per_s": 2.0}, verdict=idle)).collecting
+    session.hook.status = SourceStatus.unavailable("no hook in PID 1", "start it with torchwatch run")
+    assert session._cadence_reading(Analysis(t=3.0, features={"startup_share": 0.9}, verdict=idle)).collecting
+    assert not session._cadence_reading(Analysis(t=3.0, features={"startup_share": 0.1}, verdict=idle)).collecting

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -245,3 +250,49 @@ def test_other_failure_quotes_first_line() -> None:
     st = explain_failure("\n  boom: something odd\nmore\n", 7)
     assert st.reason == "py-spy failed: boom: something odd"
     assert explain_failure("", 7).reason == "py-spy failed: no output"
+
+
+def _record_in_thread(src: pyspy.PySpySource) -> tuple[threading.Thread, list[list[object]]]:
+    got: list[list[object]] = []
+    th = threading.Thread(target=lambda: got.append(src.sample(time.monotonic())))
+    th.start()
+    return th, got
+
+
+@pytest.mark.skipif(pyspy.find_pyspy() is None, reason="py-spy not installed")
+def test_a_chunk_cut_short_returns_what_py_spy_sampled_so_far() -> None:
+    """Going back to the fast cadence ends a long steady chunk at once: py-spy writes its samples
+    on SIGINT."""
+    target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(10000))"])
+    try:
+        src = pyspy.PySpySource(lambda: target.pid, lambda pid: Role.MAIN, lambda: True, rate=20, chunk=30.0)
+        src._first = False  # a steady chunk of 30 s, not the short first one
+        th, got = _record_in_thread(src)
+        time.sleep(3.0)
+        t0 = time.monotonic()
+        src.cut_short()
+        th.join(15)
+        assert not th.is_alive() and time.monotonic() - t0 < 15
+        assert got and got[0] and all(isinstance(s, StackSample) and s.pid == target.pid for s in got[0])
+        assert src.status.status is Status.OK and src._failures == 0
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_a_chunk_cut_before_py_spy_wrote_anything_is_no_failure(tmp_path: Path) -> None:
+    """SIGINT before py-spy set its handler ends it with nothing written: not counted toward the
+    three failures that mark py-spy unavailable."""
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    src = pyspy.PySpySource(lambda: os.getpid(), lambda pid: Role.MAIN, lambda: True, chunk=30.0, binary=str(fake))
+    for _ in range(3):
+        th, got = _record_in_thread(src)
+        deadline = time.monotonic() + 10
+        while src._proc is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        src.cut_short()
+        th.join(10)
+        assert got == [[]]
+    assert src._failures == 0 and src.status.status is not Status.UNAVAILABLE

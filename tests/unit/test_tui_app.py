@@ -18,7 +18,7 @@ from torchwatch.faces.tui.app import WatchApp
 from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
 from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
 from torchwatch.hook import wire
-from torchwatch.model.observation import ProcessRow
+from torchwatch.model.observation import ProcessRow, SamplingView
 from torchwatch.model.readings import HookState, SourceStatus, Status
 
 Check = Callable[[WatchApp, Any], Awaitable[None]]
@@ -317,6 +317,21 @@ def test_pause_freezes_the_display_not_the_sampling() -> None:
         await pilot.press("p")
         await pilot.pause()
         assert text_of(app, "#verdict").startswith("dataloader-bound")
+
+    run(session, check)
+
+
+def test_the_status_line_shows_the_cadence_and_a_key_makes_it_fast() -> None:
+    session = recorded_session()
+    session.sampling = SamplingView(mode="steady", reason="the verdict held for 10 evaluations in a row")
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert text_of(app, "#sources").startswith("sampling: steady · psutil ok")
+        await pilot.press("4")
+        app.refresh_view()
+        await pilot.pause()
+        assert session.wakes == ["a key was pressed in the TUI"]
+        assert text_of(app, "#sources").startswith("sampling: fast · psutil ok")
 
     run(session, check)
 

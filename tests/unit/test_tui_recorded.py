@@ -21,7 +21,7 @@ from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.analysis.store import Store
 from torchwatch.hook import wire
-from torchwatch.model.observation import Observation, SelfUsage, VerdictChange
+from torchwatch.model.observation import Observation, SamplingView, SelfUsage, VerdictChange
 from torchwatch.model.readings import (
     GpuSample,
     HookState,
@@ -254,6 +254,8 @@ class RecordedWatch:
     trends: Trends = field(default_factory=Trends)
     burst_requests: int = 0
     now: float = NOW
+    sampling: SamplingView = field(default_factory=SamplingView)
+    wakes: list[str] = field(default_factory=list)
 
     def observe(self) -> Observation:
         target = target_view(MAIN, ("python", "train.py"), self.child, self.gone)
@@ -270,8 +272,14 @@ class RecordedWatch:
             burst_possible=(False, "the training has exited") if target.exited else self.can_burst,
             history=self.history,
             own_usage=SelfUsage(torchwatch_cpu_s=1.0, pyspy_cpu_s=0.5, wall_s=60.0, cpu_pct_of_core=2.5),
+            sampling=self.sampling,
         )
         return observe(self.store, tick, self.trends)
+
+    def wake(self, why: str) -> None:
+        """As the session does: back to the fast cadence."""
+        self.wakes.append(why)
+        self.sampling = SamplingView(mode="fast", reason=why)
 
     def request_burst(self) -> tuple[bool, str]:
         self.burst_requests += 1

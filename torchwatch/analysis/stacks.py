@@ -13,6 +13,7 @@ Pure functions over :class:`~torchwatch.model.readings.Frame` tuples (outermost 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from torchwatch.model.readings import Frame
@@ -36,8 +37,25 @@ def _in_file(filename: str, part: str) -> bool:
     return part in filename.replace("\\", "/")
 
 
+# Every analysis tick classifies every stack of the window again (each py-spy chunk is in ~3 windows
+# at 1 s ticks, more in the steady cadence), and a training repeats a few hundred distinct stacks:
+# the answers are kept per stack (the key is the frames themselves, so a stack seen again is looked
+# up, never classified again). 4096 stacks of ~50 frames hold a few MB at most.
+_CACHE_STACKS = 4096
+
+
 def data_part(frames: Sequence[Frame]) -> str | None:
     """Which part of data loading the stack is in, or ``None`` when not in a DataLoader iterator."""
+    return _data_part(tuple(frames))
+
+
+def phase(frames: Sequence[Frame]) -> str:
+    """Phase of one main-thread stack: startup, data, optimizer, backward, forward or other."""
+    return _phase(tuple(frames))
+
+
+@functools.lru_cache(maxsize=_CACHE_STACKS)
+def _data_part(frames: tuple[Frame, ...]) -> str | None:
     start = None
     for i, f in enumerate(frames):
         if _endswith(f.filename, _DATALOADER) and f.name.endswith(("__next__", "__iter__", "_get_iterator")):
@@ -64,11 +82,11 @@ def data_part(frames: Sequence[Frame]) -> str | None:
     return "other"
 
 
-def phase(frames: Sequence[Frame]) -> str:
-    """Phase of one main-thread stack: startup, data, optimizer, backward, forward or other."""
+@functools.lru_cache(maxsize=_CACHE_STACKS)
+def _phase(frames: tuple[Frame, ...]) -> str:
     if any(f.filename.startswith("<frozen importlib") for f in frames):
         return "startup"
-    if data_part(frames) is not None:
+    if _data_part(frames) is not None:
         return "data"
     for f in reversed(frames):  # innermost first: backward inside an optimizer closure is backward
         fn = f.filename.replace("\\", "/")

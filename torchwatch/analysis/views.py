@@ -22,12 +22,19 @@ def base_name(filename: str) -> str:
 
 
 def _thread_states(threads: Iterable[ThreadSample]) -> dict[int, str]:
-    """``{pid: "R1 W3"}`` from each process's latest round of thread samples."""
+    """``{pid: "R1 W3"}`` from each process's latest round of every thread: most rounds read the
+    main thread only (:class:`~torchwatch.sources.proc.ThreadStateSource`), so the round counted
+    is the latest with another thread in it (the latest of all for a process of one thread)."""
     last: dict[int, float] = {}
+    last_any: dict[int, float] = {}
     by_pid: dict[int, list[ThreadSample]] = defaultdict(list)
     for th in threads:
         by_pid[th.pid].append(th)
-        last[th.pid] = max(last.get(th.pid, th.t), th.t)
+        last_any[th.pid] = max(last_any.get(th.pid, th.t), th.t)
+        if not th.is_main_thread:
+            last[th.pid] = max(last.get(th.pid, th.t), th.t)
+    for pid, t in last_any.items():
+        last.setdefault(pid, t)
     out: dict[int, str] = {}
     for pid, samples in by_pid.items():
         counts = Counter(th.wait for th in samples if th.t == last[pid])

@@ -10,7 +10,8 @@ from torchwatch.model.units import fmt_value
 def status_line(obs: Observation | None, elapsed_s: float) -> str:
     """One line: the label and confidence, then data wait, loop CPU, disk wait, workers, steps/s
     and GPU (with its SM activity when GPM reads it), and for a job of several ranks the
-    straggler (or none), and a recorded hang or stall with its likely cause; ``starting``
+    straggler (or none), a recorded hang or stall with its likely cause, and the samplers' cadence
+    (``sampling: fast|steady``); ``starting``
     before the first verdict.
 
     Args:
@@ -44,4 +45,5 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
     hang = notice(obs.hang)
     if hang is not None:
         parts.append(hang)
+    parts.append(f"sampling: {obs.sampling.mode}")
     return " | ".join(parts)

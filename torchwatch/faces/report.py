@@ -78,7 +78,7 @@ def build(
     hang recorder's last record, :meth:`~torchwatch.model.hang.HangView.to_json`; ``null`` when
     none was recorded), ``torchwatch_version``, ``created`` (ISO-8601 UTC, seconds:
     ``2026-11-23T17:55:03Z``) and ``host`` (the machine's name), so that ``torchwatch compare``
-    can say what it compares.
+    can say what it compares; ``sampling`` (the samplers' cadence, :func:`sampling_json`).
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
     code = exit_code if exit_code is not None else obs.target.exit_code
@@ -105,7 +105,30 @@ def build(
         "ranks": ranks_json(obs),
         "straggler": straggler_json(obs),
         "hang": None if obs.hang is None else _clean(obs.hang.to_json()),
+        "sampling": sampling_json(obs),
     }
+
+
+def sampling_json(obs: Observation) -> dict[str, Any]:
+    """The samplers' cadence: ``mode`` (``fast`` or ``steady``), ``reason`` (why, one line),
+    ``steady_s`` (seconds spent steady), ``returns_to_fast`` (times the cadence went back to fast
+    after settling), ``changes`` (``[{t, mode, reason}]``: seconds since watching started, at most
+    the last 50)."""
+    out = asdict(obs.sampling)
+    out["changes"] = list(out["changes"])
+    return out
+
+
+def sampling_line(sampling: Mapping[str, Any] | None) -> str | None:
+    """``sampling: steady (why; N s steady, back to fast K times)`` for the text report."""
+    if not sampling:
+        return None
+    back = sampling.get("returns_to_fast") or 0
+    return (
+        f"sampling: {sampling.get('mode')} ({sampling.get('reason')}; {sampling.get('steady_s', 0):.0f} s steady"
+        + (f", back to fast {back} time{'s' if back != 1 else ''}" if back else "")
+        + ")"
+    )
 
 
 def ranks_json(obs: Observation) -> list[dict[str, Any]]:
@@ -303,6 +326,9 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines += rank_lines(report.get("ranks") or [], report.get("straggler"))
     lines += hook_lines(report.get("hook"))
     lines.append(f"sources: {srcs}")
+    line = sampling_line(report.get("sampling"))
+    if line:
+        lines.append(line)
     return "\n".join(lines)
 
 

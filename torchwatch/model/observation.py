@@ -34,6 +34,8 @@ __all__ = [
     "ProcessRow",
     "RankReading",
     "RankView",
+    "SamplingChange",
+    "SamplingView",
     "SelfUsage",
     "StackRow",
     "StepsView",
@@ -409,13 +411,40 @@ class SelfUsage:
 
 
 @dataclass(frozen=True)
+class SamplingChange:
+    """The cadence became ``mode`` ``t`` seconds after watching started, because of ``reason``."""
+
+    t: float
+    mode: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SamplingView:
+    """How fast the samplers run (:mod:`torchwatch.watch.cadence`).
+
+    Attributes:
+        mode: ``fast`` (the rates the first verdict needs) or ``steady`` (the verdict settled:
+            a fraction of the cost). reason: why, one line.
+        steady_s: seconds spent steady so far. returns_to_fast: times something sent the
+            cadence back to fast after it settled. changes: the last changes, oldest first.
+    """
+
+    mode: str = "fast"
+    reason: str = ""
+    steady_s: float = 0.0
+    returns_to_fast: int = 0
+    changes: tuple[SamplingChange, ...] = ()
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything one analysis tick knows, for every face.
 
     Attributes:
         t: when it was built, monotonic s. elapsed_s: seconds since watching started.
         window_s: seconds of readings each verdict is computed over.
-        sampling: how fast the samplers run (``fast``).
+        sampling: how fast the samplers run (``fast`` or ``steady``) and why.
         target: the process torchwatch was given.
         verdict / findings / not_applicable: the diagnosis of the focus rank (``None`` verdict:
             no analysis yet).
@@ -453,7 +482,7 @@ class Observation:
     memory: MemoryTrend = field(default_factory=MemoryTrend)
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
-    sampling: str = "fast"
+    sampling: SamplingView = field(default_factory=SamplingView)
     hang: HangView | None = None
 
     @property

@@ -46,23 +46,26 @@ def _environ(pid: int) -> dict[str, str]:
     return env
 
 
-def _status(pid: int) -> dict[str, list[str]]:
+def _status(pid: int, key: str) -> list[str]:
+    """The fields of one line of ``/proc/PID/status`` (``[]`` when absent or unreadable); only
+    that line is split (the file has ~60 lines and is read every hook read)."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            text = f.read(1 << 16)
+            text = "\n" + f.read(1 << 16)  # the kernel escapes a newline in Name, the one free-text field
     except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        out[key] = rest.split()
-    return out
+        return []
+    at = text.find(f"\n{key}:")
+    if at < 0:
+        return []
+    start = at + len(key) + 2
+    end = text.find("\n", start)
+    return text[start : end if end >= 0 else len(text)].split()
 
 
 def _uid(pid: int) -> int | None:
     try:
-        return int(_status(pid)["Uid"][0])
-    except (KeyError, IndexError, ValueError):
+        return int(_status(pid, "Uid")[0])
+    except (IndexError, ValueError):
         return None
 
 
@@ -83,7 +86,7 @@ def instance_of(pid: int) -> wire.Instance:
         raise wire.WireError(f"not allowed to read PID {pid}: run torchwatch as its user") from None
     except OSError as exc:
         raise wire.WireError(f"cannot read PID {pid}: {exc.strerror or exc}") from None
-    nspid = _status(pid).get("NSpid") or [str(pid)]
+    nspid = _status(pid, "NSpid") or [str(pid)]
     try:
         local = int(nspid[-1])
     except ValueError:

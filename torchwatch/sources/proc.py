@@ -17,6 +17,7 @@ Three pieces share one :class:`ProcessTree`:
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import threading
@@ -537,31 +538,49 @@ class ThreadStateSource:
     Sampling thread states at random instants estimates the share of time each thread
     spends running, on disk, sleeping or waiting on others, whatever the length of each wait.
 
+    The features read only the main thread of each process (the loop, and the thread of each
+    DataLoader worker that runs the dataset); the other threads (intra-op pools, pin-memory,
+    CUDA and NCCL helpers: most of a training's threads) only give the Processes panel its state
+    letters, so they are read once every ``all_interval`` seconds, not every round: a round of a
+    process is then 1 thread's files instead of all of its threads'.
+
     Args:
         tree: the watched tree (roles decide which processes are sampled).
-        interval: seconds between rounds (0.1: ~30 file reads a round on a small tree).
+        interval: seconds between rounds of the main threads (0.1: ~10 file reads a round on a
+            small tree).
+        all_interval: seconds between rounds that read every thread (the display's 1 s refresh).
     """
 
     name = "threads"
 
-    def __init__(self, tree: ProcessTree, interval: float = 0.1) -> None:
+    def __init__(self, tree: ProcessTree, interval: float = 0.1, all_interval: float = 1.0) -> None:
         self.tree = tree
         self.interval = interval
+        self.all_interval = all_interval
         self.status = SourceStatus.ok()
         self._syscall_denied = False
+        self._last_all = -math.inf
 
     def sample(self, now: float) -> list[object]:
-        """One round over the threads of main and worker processes."""
+        """One round over the main threads of main and worker processes; every thread of theirs
+        once every :attr:`all_interval` s."""
         out: list[object] = []
+        # Half a round of slack: a round due a few ms from now is taken now, not one interval late.
+        every = now - self._last_all >= self.all_interval - self.interval / 2
+        if every:
+            self._last_all = now
         for pid, node in self.tree.nodes().items():
             if node.role not in (Role.MAIN, Role.WORKER):
                 continue
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for name in tids:
-                sample = self._sample_thread(now, pid, int(name), node.role)
+            if every:
+                try:
+                    tids = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
+                except OSError:
+                    continue
+            else:
+                tids = [pid]
+            for tid in tids:
+                sample = self._sample_thread(now, pid, tid, node.role)
                 if sample is not None:
                     out.append(sample)
         return out

@@ -11,10 +11,12 @@ the end of a chunk and must never be stopped with SIGTERM (data lost): chunks si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -155,6 +157,7 @@ class PySpySource:
         self._first = True
         self._failures = 0
         self._closed = False
+        self._cut = False  # the running chunk was ended early on purpose: not a failure
         self.cpu_s = 0.0  # CPU seconds all py-spy runs used (user + system)
 
     def sample(self, now: float) -> list[object]:
@@ -197,6 +200,7 @@ class PySpySource:
                 return []
             code, err = self._reap(proc, seconds + 15)
             self._proc = None
+            cut, self._cut = self._cut, False
             text = out_path.read_text(errors="replace") if out_path.exists() else ""
         end = time.monotonic()
         if text:
@@ -207,7 +211,7 @@ class PySpySource:
         if not self.alive():
             self.status = SourceStatus.gone()
             return []
-        if code != 0:
+        if code != 0 and not cut:  # a chunk cut before py-spy set its SIGINT handler wrote nothing
             self._failures += 1
             # A Python that is still starting has no interpreter state yet: retry a few times.
             if self._failures >= 3 or "permission" in err.decode(errors="replace").lower():
@@ -232,6 +236,16 @@ class PySpySource:
         if usage is not None:
             self.cpu_s += usage.ru_utime + usage.ru_stime
         return proc.returncode, err
+
+    def cut_short(self) -> None:
+        """End the running chunk now (SIGINT: py-spy writes what it sampled and exits, and the
+        next chunk starts at the current :attr:`rate`): a slow steady chunk must not hold the
+        fast cadence back for seconds."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._cut = True
+            with contextlib.suppress(OSError):
+                proc.send_signal(signal.SIGINT)
 
     def close(self) -> None:
         """Stop a running py-spy with SIGINT (SIGTERM would lose its data) and stop sampling."""

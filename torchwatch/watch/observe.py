@@ -26,6 +26,7 @@ from torchwatch.model.observation import (
     DeviceMemory,
     Observation,
     RankView,
+    SamplingView,
     SelfUsage,
     StepsView,
     TargetView,
@@ -92,6 +93,7 @@ class Tick:
         burst_possible: whether a burst may be asked for, and why not.
         history: the verdict's changes. own_usage: what watching cost so far.
         hang: the last hang the recorder made (``None``: none).
+        sampling: the samplers' cadence (fast or steady) and why.
     """
 
     now: float
@@ -107,6 +109,7 @@ class Tick:
     history: tuple[VerdictChange, ...] = ()
     own_usage: SelfUsage = field(default_factory=SelfUsage)
     hang: HangView | None = None
+    sampling: SamplingView = field(default_factory=SamplingView)
 
 
 def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
@@ -305,6 +308,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         history=tick.history,
         own_usage=tick.own_usage,
         hang=tick.hang,
+        sampling=tick.sampling,
     )
 
 

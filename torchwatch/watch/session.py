@@ -24,13 +24,22 @@ from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store, Window
 from torchwatch.hook.wire import RankInfo
-from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
+from torchwatch.model.observation import (
+    ChildProcess,
+    Observation,
+    SamplingChange,
+    SamplingView,
+    SelfUsage,
+    TargetView,
+    VerdictChange,
+)
 from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
 from torchwatch.sources import Source
 from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
+from torchwatch.watch.cadence import FAST, Cadence, CadencePolicy, CadenceReading, fast_cadence, steady_cadence
 from torchwatch.watch.hang import HangRecorder
 from torchwatch.watch.observe import Tick, Trends, device_memory, observe, target_view
 
@@ -52,6 +61,8 @@ class SessionOptions:
         hook_expected: the training was started with the hook pre-loaded (``torchwatch run``).
         hang_after: seconds without a step that count as a hang (``--hang-after``); ``None``:
             ``max(30 s, 20 x p95 step)`` per process (:mod:`torchwatch.analysis.hang`).
+        adaptive: drop to the steady cadence once the verdict settles
+            (:mod:`torchwatch.watch.cadence`); ``False`` samples at the rates above throughout.
     """
 
     window_s: float = 10.0
@@ -63,6 +74,7 @@ class SessionOptions:
     trace_path: Path | None = None
     hook_expected: bool = False
     hang_after: float | None = None
+    adaptive: bool = True
 
 
 # The bounds of --window. py-spy's stack samples arrive a chunk at a time, all stamped at the
@@ -121,11 +133,8 @@ class Session:
         self.pyspy = PySpySource(
             self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s
         )
-        self.sources: list[Source] = [
-            self.proc,
-            ThreadStateSource(self.tree, interval=opts.thread_interval_s),
-            self.pyspy,
-        ]
+        self.threads = ThreadStateSource(self.tree, interval=opts.thread_interval_s)
+        self.sources: list[Source] = [self.proc, self.threads, self.pyspy]
         self.hook = HookSource(self._main_pid, expected=opts.hook_expected, rank_pids=self.tree.mains)
         self.sources.append(self.hook)
         self.nvml: NvmlSource | None = None
@@ -134,6 +143,15 @@ class Session:
             self.sources.append(self.nvml)
         self.diagnoser = Diagnoser(rules, self.why_missing)
         self.hang = HangRecorder(self.tree, self.started, opts.hang_after)
+        # The sampler threads nap on this condition: a change of cadence wakes them at once.
+        self._nap = threading.Condition()
+        self._cadence_gen = 0
+        fast = fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
+        self.cadence = CadencePolicy(fast, steady_cadence(fast, opts.window_s))
+        self.sampling_changes: list[tuple[float, str, str]] = []  # (s since start, mode, why)
+        self._steady_since: float | None = None
+        self._steady_s = 0.0
+        self._apply(self.cadence.cadence)
 
     # -- tree helpers handed to sources -------------------------------------------------------
     def _main_pid(self) -> int | None:
@@ -239,6 +257,8 @@ class Session:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sampling, close the sources and join the threads. Idempotent."""
         self._stop.set()
+        with self._nap:
+            self._nap.notify_all()
         for src in self.sources:
             try:
                 src.close()
@@ -342,7 +362,13 @@ class Session:
                 self.ended_at = time.monotonic()
             if self.ended_at is not None:
                 return
-            self._stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
+            self._sleep(max(0.0, src.interval - (time.monotonic() - t0)))
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when watching stops or the cadence changes."""
+        with self._nap:
+            gen = self._cadence_gen
+            self._nap.wait_for(lambda: self._stop.is_set() or self._cadence_gen != gen, seconds)
 
     def _ranks_ended(self, analysis: Analysis) -> bool:
         """The job's ranks have exited while its launcher lingers: ``analysis`` (of the launcher
@@ -373,12 +399,103 @@ class Session:
             label = analysis.verdict.label
             if not self.history or self.history[-1][1] != label:
                 self.history.append((round(now - self.started, 1), label))
+        if self.ended_at is None and self.options.adaptive:
+            self._adapt(self._cadence_reading(analysis), now)
         observation = self._observe(analysis, now)
         with self._lock:
             self._observation = observation
         if self.options.trace_path is not None:
             self._trace(analysis, now)
         return analysis
+
+    # -- cadence ----------------------------------------------------------------------------------
+    def _cadence_reading(self, analysis: Analysis) -> CadenceReading:
+        """What the cadence policy needs of one analysis (see :class:`CadenceReading`)."""
+        v, f = analysis.verdict, analysis.features
+        top = next((x.rule for x in analysis.findings if x.label == v.label and x.summary == v.summary), None)
+        step_ms = f.get("step_time_p50_ms")
+        wait = f.get("data_wait_fraction")
+        roles = [n.role for n in self.tree.nodes().values()]
+        focus = self.main_pid
+        reading = self.store.latest(HookState, lambda h: h.pid == focus) if focus is not None else None
+        burst = reading.record.burst if reading is not None and reading.record is not None else None
+        return CadenceReading(
+            label=v.label,
+            top_finding=top,
+            confidence=v.confidence,
+            step_time_s=None if step_ms is None else step_ms / 1000.0,
+            steps=(f.get("hook_steps_per_s") or 0.0) * self.options.window_s,
+            data_wait=wait if wait is not None else f.get("data_wait_share"),
+            processes=(roles.count(Role.MAIN), roles.count(Role.WORKER)),
+            straggler=analysis.straggler.pid if analysis.straggler is not None else None,
+            burst=None if burst is None else f"{burst.state}:{burst.count}",
+            collecting=self._collecting(analysis),
+        )
+
+    def _collecting(self, analysis: Analysis) -> bool:
+        """The verdict cannot settle yet: it still waits for samples, the training is still
+        starting (importing, or its hook has counted no step in the window), so the readings
+        that matter have not begun."""
+        v, f = analysis.verdict, analysis.features
+        if v.label == "undetermined" and v.confidence == 0.0:
+            return True
+        if (f.get("startup_share") or 0.0) > 0.5:  # py-spy sees the loop's thread importing
+            return True
+        hook = self.hook.status.status
+        return hook is Status.STARTING or (hook is Status.OK and not f.get("hook_steps_per_s"))
+
+    def _adapt(self, reading: CadenceReading | str, now: float | None = None) -> None:
+        """Hand the policy a reading (or, as a string, why to go fast: a key, a burst request)
+        and apply the cadence it returns."""
+        with self._lock:
+            before = self.cadence.cadence
+            after = self.cadence.wake(reading) if isinstance(reading, str) else self.cadence.update(reading)
+            if after == before:
+                return
+            now = time.monotonic() if now is None else now
+            if after.mode == FAST and self._steady_since is not None:
+                self._steady_s += now - self._steady_since
+                self._steady_since = None
+            elif after.mode != FAST:
+                self._steady_since = now
+            self.sampling_changes.append((round(now - self.started, 1), after.mode, self.cadence.reason))
+            del self.sampling_changes[:-50]  # bounded: a flapping training must not grow the report
+        self._apply(after)
+
+    def _apply(self, c: Cadence) -> None:
+        """Set every source's rates to ``c``; going fast, cut a slow py-spy chunk short and wake
+        the samplers, so the fast readings start now, not after the nap."""
+        slower = c.pyspy_rate > self.pyspy.rate
+        self.pyspy.rate, self.pyspy.chunk = c.pyspy_rate, c.pyspy_chunk_s
+        self.threads.interval, self.threads.all_interval = c.thread_interval_s, c.all_threads_interval_s
+        self.proc.interval = c.proc_interval_s
+        self.hook.interval = c.hook_interval_s
+        if self.nvml is not None:
+            self.nvml.interval = c.nvml_interval_s
+        if slower:
+            self.pyspy.cut_short()
+        with self._nap:
+            self._cadence_gen += 1
+            self._nap.notify_all()
+
+    def wake(self, why: str) -> None:
+        """Back to the fast cadence now: something the readings cannot show happened (a key
+        pressed in the TUI, a burst asked for)."""
+        if self.options.adaptive and self.ended_at is None:
+            self._adapt(why)
+
+    def sampling(self, now: float | None = None) -> SamplingView:
+        """The current cadence, why, and the seconds spent steady so far."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            steady = self._steady_s + (now - self._steady_since if self._steady_since is not None else 0.0)
+            return SamplingView(
+                mode=self.cadence.mode,
+                reason=self.cadence.reason if self.options.adaptive else "adaptive cadence off",
+                steady_s=round(steady, 1),
+                returns_to_fast=self.cadence.changes,
+                changes=tuple(SamplingChange(t, mode, why) for t, mode, why in self.sampling_changes),
+            )
 
     def _trace(self, analysis: Analysis, now: float) -> None:
         record = {
@@ -396,7 +513,10 @@ class Session:
             self.options = dataclasses.replace(self.options, trace_path=None)
 
     def _analysis_loop(self) -> None:
-        while not self._stop.wait(self.options.analysis_interval_s):
+        while True:
+            self._sleep(self.cadence.cadence.analysis_interval_s)
+            if self._stop.is_set():
+                break
             self.store.trim(time.monotonic())
             if self.ended_at is not None:
                 break
@@ -473,6 +593,7 @@ class Session:
             history=history,
             own_usage=self.own_usage(),
             hang=self.hang.view(self.ended_at if self.ended_at is not None else now),  # a stall ends with the training
+            sampling=self.sampling(now),
         )
         return observe(self.store, tick, self.trends)
 
@@ -486,7 +607,9 @@ class Session:
         return reader.burst_possible()
 
     def request_burst(self, params: dict[str, object] | None = None) -> tuple[bool, str]:
-        """Ask the hook for a profiler burst (non-blocking; see :meth:`HookReader.request_burst`)."""
+        """Ask the hook for a profiler burst (non-blocking; see :meth:`HookReader.request_burst`);
+        the samplers go back to the fast cadence to watch it."""
+        self.wake("a profiler burst was asked for")
         reader = self.hook.reader()
         if reader is None:
             return False, "no training process found yet"

@@ -262,7 +262,9 @@ class WatchApp(App[None]):
         if len(obs.ranks) > 1 and (old is None or len(old.ranks) < 2):
             self.query_one(TabbedContent).show_tab("ranks")
         self._fill_panel(self.query_one(TabbedContent).active, obs)
-        show_text(self.query_one("#sources", Static), render.sources_text(obs.statuses, notice(obs.hang)))
+        show_text(
+            self.query_one("#sources", Static), render.sources_text(obs.statuses, notice(obs.hang), obs.sampling.mode)
+        )
         self._hang_news(old, obs)
         if isinstance(self.screen, EvidenceScreen):
             self.screen.observation = obs
@@ -316,7 +318,12 @@ class WatchApp(App[None]):
         return True
 
     def on_key(self, event: events.Key) -> None:
-        """A greyed-out ``b`` still answers: it says why no burst can be taken."""
+        """Any key sends the session's samplers back to the fast cadence (someone is looking: the
+        panels should move at full rate); a greyed-out ``b`` still answers: it says why no
+        burst can be taken."""
+        wake = getattr(self.watched, "wake", None)
+        if wake is not None:
+            wake("a key was pressed in the TUI")
         if event.key == "b" and self.check_action("burst", ()) is None:
             reason = self.observation.focus.burst.reason if self.observation else "no reading yet"
             self.notify(f"burst unavailable: {reason}", severity="warning")

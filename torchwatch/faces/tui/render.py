@@ -110,16 +110,25 @@ def finding_text(finding: Finding, catalogue: Mapping[str, FeatureSpec], verdict
     return grid
 
 
-def sources_text(statuses: Iterable[tuple[str, SourceStatus]], hang: str | None = None) -> Text:
-    """``psutil ok · nvml unavailable: reason`` with the state coloured; a recorded hang's
-    notice (``hang``) on a line of its own above."""
+def sources_text(
+    statuses: Iterable[tuple[str, SourceStatus]], hang: str | None = None, sampling: str | None = None
+) -> Text:
+    """``sampling: steady · psutil ok · nvml unavailable: reason`` with the states coloured
+    (``sampling``: the samplers' cadence, left out when ``None``); a recorded hang's notice
+    (``hang``) on a line of its own above."""
     colours = {Status.OK: "green", Status.STARTING: "yellow", Status.UNAVAILABLE: "red", Status.GONE: "yellow"}
     text = Text()
     if hang:
         text.append(hang + "\n", style="bold red")
-    for i, (name, st) in enumerate(statuses):
-        if i:
+    first = True
+    if sampling is not None:
+        text.append("sampling: ")
+        text.append(sampling, style="cyan" if sampling == "fast" else "green")
+        first = False
+    for name, st in statuses:
+        if not first:
             text.append(" · ", style="dim")
+        first = False
         text.append(f"{name} ")
         text.append(st.status.value, style=colours.get(st.status, ""))
         if st.reason and st.status is not Status.OK:

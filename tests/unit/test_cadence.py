@@ -1,0 +1,160 @@
+"""The cadence policy: fast until the verdict settles, steady after, fast again at once on each trigger."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from torchwatch.watch.cadence import (
+    FAST,
+    REFERENCE_READINGS,
+    SETTLE_EVALUATIONS,
+    STEADY,
+    CadencePolicy,
+    CadenceReading,
+    fast_cadence,
+    steady_cadence,
+)
+
+BASE = CadenceReading(
+    label="dataloader-bound",
+    top_finding="loader-cpu-in-main-thread",
+    confidence=0.9,
+    step_time_s=0.25,
+    steps=40.0,
+    data_wait=0.6,
+    processes=(1, 0),
+    burst="idle:0",
+)
+
+
+def settled(reading: CadenceReading = BASE, settle: int = SETTLE_EVALUATIONS) -> CadencePolicy:
+    """A policy that has seen ``settle`` identical readings (steady)."""
+    policy = CadencePolicy(settle=settle)
+    for _ in range(settle):
+        policy.update(reading)
+    assert policy.mode == STEADY
+    return policy
+
+
+def test_fast_until_settle_evaluations_agree_then_steady() -> None:
+    policy = CadencePolicy()
+    modes = [policy.update(BASE).mode for _ in range(SETTLE_EVALUATIONS + 3)]
+    assert modes[: SETTLE_EVALUATIONS - 1] == [FAST] * (SETTLE_EVALUATIONS - 1)
+    assert modes[SETTLE_EVALUATIONS - 1 :] == [STEADY] * 4
+    assert "held" in policy.reason
+
+
+def test_collecting_evidence_never_settles() -> None:
+    policy = CadencePolicy()
+    collecting = CadenceReading(label="undetermined", collecting=True)
+    for _ in range(3 * SETTLE_EVALUATIONS):
+        assert policy.update(collecting).mode == FAST
+
+
+def test_a_changing_label_restarts_the_count() -> None:
+    policy = CadencePolicy()
+    for _ in range(SETTLE_EVALUATIONS - 1):
+        policy.update(BASE)
+    other = replace(BASE, label="cpu-bound", top_finding="loop-cpu")
+    # the evaluation that changed the label is the first of the new verdict's run
+    assert policy.update(other).mode == FAST
+    for _ in range(SETTLE_EVALUATIONS - 2):
+        assert policy.update(other).mode == FAST
+    assert policy.update(other).mode == STEADY
+    assert policy.changes == 0  # it never settled before
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"label": "io-bound"}, "verdict changed"),
+        ({"top_finding": "loader-cpu-contention"}, "verdict changed"),
+        ({"straggler": 4242}, "straggler changed"),
+        ({"step_time_s": 0.25 * 1.2}, "step time moved +20%"),
+        ({"step_time_s": 0.25 * 0.8}, "step time moved -20%"),
+        ({"data_wait": 0.45}, "data wait moved -15 points"),
+        ({"processes": (1, 2)}, "appeared or exited"),
+        ({"processes": (2, 0)}, "appeared or exited"),
+        ({"burst": "armed:0"}, "burst"),
+        ({"burst": "idle:1"}, "burst"),
+        ({"confidence": 0.75}, "evidence weakened"),
+    ],
+)
+def test_each_trigger_returns_to_fast_at_once(change: dict[str, object], why: str) -> None:
+    policy = settled()
+    cadence = policy.update(replace(BASE, **change))  # type: ignore[arg-type]
+    assert cadence.mode == FAST
+    assert why in policy.reason
+    assert policy.changes == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"step_time_s": 0.25 * 1.1},  # within STEP_SHIFT
+        {"data_wait": 0.65},  # within WAIT_SHIFT
+        {"confidence": 0.85},  # within CONFIDENCE_DROP
+        {"step_time_s": None, "data_wait": None},  # a reading missing: no evidence of a change
+    ],
+)
+def test_small_moves_keep_steady(change: dict[str, object]) -> None:
+    policy = settled()
+    assert policy.update(replace(BASE, **change)).mode == STEADY  # type: ignore[arg-type]
+    assert policy.changes == 0
+
+
+def test_wake_returns_to_fast_and_the_count_starts_again() -> None:
+    policy = settled()
+    assert policy.wake("a key was pressed in the TUI").mode == FAST
+    assert policy.reason == "a key was pressed in the TUI"
+    for _ in range(SETTLE_EVALUATIONS - 1):
+        assert policy.update(BASE).mode == FAST
+    assert policy.update(BASE).mode == STEADY
+    assert policy.changes == 1
+
+
+def test_the_reference_is_the_end_of_the_settling_run() -> None:
+    """A step time and a data wait that still ramped while settling: the reference is the median
+    of the last REFERENCE_READINGS readings, not the first ones."""
+    policy = CadencePolicy()
+    for i in range(SETTLE_EVALUATIONS):  # 0.20 .. 0.29 s and 0.50 .. 0.95: last five 0.25 .. 0.29
+        policy.update(replace(BASE, step_time_s=0.20 + 0.01 * i, data_wait=0.5 + 0.05 * i))
+    assert policy.mode == STEADY
+    ref = 0.20 + 0.01 * (SETTLE_EVALUATIONS - 1 - REFERENCE_READINGS // 2)
+    wait = 0.5 + 0.05 * (SETTLE_EVALUATIONS - 1 - REFERENCE_READINGS // 2)
+    assert policy.update(replace(BASE, step_time_s=ref * 1.1, data_wait=wait)).mode == STEADY
+    assert policy.update(replace(BASE, step_time_s=ref * 1.2, data_wait=wait)).mode == FAST
+
+
+def test_few_steps_in_the_window_are_not_compared() -> None:
+    """A 4 s step gives 2-3 steps a window: their median jumps with each step, so only the data
+    wait and the verdict are watched."""
+    slow = replace(BASE, step_time_s=4.0, steps=2.5)
+    policy = settled(slow)
+    assert policy.update(replace(slow, step_time_s=7.0)).mode == STEADY
+    assert policy.update(replace(slow, step_time_s=7.0, data_wait=0.75)).mode == FAST
+
+
+def test_steady_cadence_is_slower_than_fast_everywhere() -> None:
+    fast = fast_cadence()
+    steady = steady_cadence(fast)
+    assert steady.mode == STEADY
+    assert steady.pyspy_rate < fast.pyspy_rate
+    assert steady.pyspy_chunk_s > fast.pyspy_chunk_s
+    for name in (
+        "thread_interval_s",
+        "all_threads_interval_s",
+        "proc_interval_s",
+        "hook_interval_s",
+        "nvml_interval_s",
+        "analysis_interval_s",
+    ):
+        assert getattr(steady, name) > getattr(fast, name), name
+    # a short --window gets chunks that fit in it (every window holds a chunk's stacks)
+    assert steady_cadence(fast, window_s=5.0).pyspy_chunk_s == 4.0
+    assert steady_cadence(fast, window_s=3.0).pyspy_chunk_s == fast.pyspy_chunk_s
+    # a user's slower --rate is never made faster by the steady cadence
+    slow = steady_cadence(fast_cadence(pyspy_rate=2, pyspy_chunk_s=10.0, thread_interval_s=1.0))
+    assert (slow.pyspy_rate, slow.pyspy_chunk_s, slow.thread_interval_s) == (2, 10.0, 1.0)

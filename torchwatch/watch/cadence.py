@@ -1,0 +1,258 @@
+"""How fast the samplers run: fast until the verdict settles, then a steady cadence that costs a
+fraction, and fast again the moment something changes.
+
+:class:`CadencePolicy` is pure (readings in, cadence out, no clock, no threads): the session hands
+it one :class:`CadenceReading` per analysis tick and an event for what the readings cannot show
+(a key pressed in the TUI, a burst asked for), and applies the :class:`Cadence` it returns to the
+sources.
+
+Why these numbers (measured with ``bench/footprint.py`` on a 2-core machine, each sampler alone,
+% of one core): py-spy 20 Hz in 3 s chunks ~1.0 (each start ~0.012 CPU-s, each sample per Hz
+~0.03 % of a core), thread states 10 Hz ~0.45, psutil 1 Hz ~0.3, the hook's files 2 Hz ~0.2,
+NVML 1 Hz ~0.02. The steady cadence cuts the costly ones and keeps enough samples in the
+verdict's window for the same features: py-spy 5 Hz in 8 s chunks (at least one chunk, >= 40
+loop samples, in a 10 s window, above the 20 the stack shares need), the loop's thread states at
+5 Hz (50 in the window, above the 30 that give full coverage to the confidence).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+FAST = "fast"
+STEADY = "steady"
+
+# Evaluations in a row with the same label and top finding before the cadence drops: one window's
+# worth at the default 1 s analysis interval and 10 s window, so every reading the settled verdict
+# is computed over was taken at the fast cadence and agreed, and a rule's hold time (``for``, 1-5 s
+# in the shipped rules) has passed twice over.
+SETTLE_EVALUATIONS = 10
+# A step time this much longer or shorter (relative, median over the window) than when the verdict
+# settled: compute unchanged, a new wait of x of the old step is a share x / (1 + x) of the new
+# one, so 15 % catches a new cause at 13 % of the step, before it can cross the 20 % share most
+# rules fire at (XProf's input-bound mark).
+STEP_SHIFT = 0.15
+# Fewer steps than this in the window and the step time is not compared: the median of 8 step
+# times strays ~0.44 standard deviations of one step (1.25 / sqrt(8)), under the 15 % above for a
+# loop whose steps vary by up to a third; the median of 2 or 3 steps (a 4 s step in a 10 s
+# window) jumps with every step.
+MIN_STEPS = 8
+# The reference is the median of the last readings of the settling run, not of all of it: the
+# first seconds of a verdict often still ramp (the data wait climbs as the prefetched batches
+# run out).
+REFERENCE_READINGS = 5
+# The DataLoader wait (share of the step) moving this many points from where it settled: half the
+# 20 % at which the input rules fire.
+WAIT_SHIFT = 0.10
+# The verdict's confidence falling this far below the lowest it had while it settled.
+CONFIDENCE_DROP = 0.10
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """What each sampler does in one mode.
+
+    Attributes:
+        mode: ``fast`` or ``steady``.
+        pyspy_rate: py-spy samples per second per thread. pyspy_chunk_s: seconds per py-spy run.
+        thread_interval_s: seconds between two reads of the loop's and workers' main threads.
+        all_threads_interval_s: seconds between two reads of every thread (the Processes panel's
+            state letters; the features read main threads only).
+        proc_interval_s: seconds between two psutil rounds (CPU, RSS, the tree's processes).
+        hook_interval_s: seconds between two reads of the hook's files.
+        nvml_interval_s: seconds between two NVML samples.
+        analysis_interval_s: seconds between two evaluations of the rules (and Observations).
+    """
+
+    mode: str
+    pyspy_rate: int
+    pyspy_chunk_s: float
+    thread_interval_s: float
+    all_threads_interval_s: float
+    proc_interval_s: float
+    hook_interval_s: float
+    nvml_interval_s: float
+    analysis_interval_s: float = 1.0
+
+
+def fast_cadence(
+    pyspy_rate: int = 20, pyspy_chunk_s: float = 3.0, thread_interval_s: float = 0.1, analysis_interval_s: float = 1.0
+) -> Cadence:
+    """Today's rates (the session's options): every reading as often as the first verdict needs."""
+    return Cadence(FAST, pyspy_rate, pyspy_chunk_s, thread_interval_s, 1.0, 1.0, 0.5, 1.0, analysis_interval_s)
+
+
+def steady_cadence(fast: Cadence, window_s: float = 10.0) -> Cadence:
+    """The settled cadence: py-spy at a quarter of the fast rate (at least 5 Hz) in chunks of 8 s
+    (at most 0.8 of the verdict's ``window_s``: a chunk and py-spy's start, 0.1-0.5 s, must fit in
+    a window, whose stacks all come stamped at a chunk's end), thread states at 5 Hz (every thread
+    every 2 s), psutil every 2 s, the hook every second, NVML and the rules every 2 s; never faster
+    than ``fast``."""
+    return Cadence(
+        STEADY,
+        pyspy_rate=min(fast.pyspy_rate, max(5, fast.pyspy_rate // 4)),
+        pyspy_chunk_s=max(fast.pyspy_chunk_s, min(8.0, 0.8 * window_s)),
+        thread_interval_s=max(fast.thread_interval_s, 0.2),
+        all_threads_interval_s=max(fast.all_threads_interval_s, 2.0),
+        proc_interval_s=max(fast.proc_interval_s, 2.0),
+        hook_interval_s=max(fast.hook_interval_s, 1.0),
+        nvml_interval_s=max(fast.nvml_interval_s, 2.0),
+        analysis_interval_s=max(fast.analysis_interval_s, 2.0),
+    )
+
+
+@dataclass(frozen=True)
+class CadenceReading:
+    """What one analysis tick tells the policy.
+
+    Attributes:
+        label: the verdict's label. top_finding: the rule behind the verdict (``None``: none).
+        confidence: the verdict's confidence, 0..1.
+        step_time_s: the focus rank's median step time over the window, s (``None``: no hook).
+        steps: optimizer steps in the window (the step time is compared from :data:`MIN_STEPS`).
+        data_wait: its DataLoader wait, share of the step 0..1 (``None``: not measured).
+        processes: how many training processes (ranks) and DataLoader workers the tree has (a
+            count, not PIDs: workers that are not persistent start again every epoch with new
+            PIDs and the same work).
+        straggler: the straggler's PID (``None``: none, or one process).
+        burst: the focus hook's burst state and count (``state:count``; ``None``: no hook).
+        collecting: the verdict still waits for samples, or the training for its first steps
+            (never settles).
+    """
+
+    label: str
+    top_finding: str | None = None
+    confidence: float = 0.0
+    step_time_s: float | None = None
+    steps: float = 0.0
+    data_wait: float | None = None
+    processes: tuple[int, int] = (0, 0)
+    straggler: int | None = None
+    burst: str | None = None
+    collecting: bool = False
+
+
+@dataclass
+class _Settled:
+    """What the verdict looked like while it settled, the reference the steady cadence watches."""
+
+    key: tuple[str, str | None, int | None]
+    streak: int = 0
+    min_confidence: float = 1.0
+    step_times: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+
+
+def _median(values: Collection[float]) -> float | None:
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        return None
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+class CadencePolicy:
+    """Decides, each analysis tick, whether the samplers run fast or steady.
+
+    Fast until :data:`SETTLE_EVALUATIONS` evaluations in a row give the same label, top finding
+    and straggler with no change below; then steady. Back to fast at once (and the count starts
+    again) when the label, the top finding or the straggler changes, the step time shifts by
+    :data:`STEP_SHIFT` or the data wait by :data:`WAIT_SHIFT` from where they settled, a training
+    process or worker appears or vanishes, the hook's burst state or count changes, the confidence
+    falls :data:`CONFIDENCE_DROP` below its settled low, or :meth:`wake` is called (a key in the
+    TUI, a burst asked for).
+
+    Args:
+        fast: the fast cadence (the session's options). steady: the steady one (default
+            :func:`steady_cadence` of ``fast``).
+        settle: evaluations in a row before steady.
+
+    Attributes:
+        reason: why the cadence is what it is (one line for the report).
+        changes: how many times the cadence went back to fast after settling.
+    """
+
+    def __init__(
+        self, fast: Cadence | None = None, steady: Cadence | None = None, settle: int = SETTLE_EVALUATIONS
+    ) -> None:
+        self.fast = fast or fast_cadence()
+        self.steady = steady or steady_cadence(self.fast)
+        self.settle = settle
+        self.cadence = self.fast
+        self.reason = "starting: fast until the verdict settles"
+        self.changes = 0
+        self._settled: _Settled | None = None
+        self._processes: tuple[int, int] | None = None
+        self._burst: str | None = None
+
+    @property
+    def mode(self) -> str:
+        """``fast`` or ``steady``."""
+        return self.cadence.mode
+
+    def wake(self, why: str) -> Cadence:
+        """Something the readings cannot show happened (a key, a burst request): fast at once."""
+        return self._to_fast(why)
+
+    def update(self, r: CadenceReading) -> Cadence:
+        """The cadence after one analysis tick's reading."""
+        why = self._changed(r)
+        self._processes = r.processes
+        self._burst = r.burst
+        if why is not None:
+            self._to_fast(why)
+            if r.collecting:
+                return self.cadence
+            self._settled = _Settled((r.label, r.top_finding, r.straggler))
+        s = self._settled
+        if s is None:
+            return self.cadence
+        if self.mode == FAST:
+            s.streak += 1
+            s.min_confidence = min(s.min_confidence, r.confidence)
+            if r.step_time_s is not None and r.steps >= MIN_STEPS:
+                s.step_times.append(r.step_time_s)
+            if r.data_wait is not None:
+                s.waits.append(r.data_wait)
+            if s.streak >= self.settle:
+                self.cadence = self.steady
+                self.reason = f"the verdict held for {s.streak} evaluations in a row"
+        return self.cadence
+
+    def _changed(self, r: CadenceReading) -> str | None:
+        """Why this reading sends the cadence back to fast (and restarts the count), or ``None``."""
+        s = self._settled
+        if r.collecting:
+            return "the verdict is still collecting evidence"
+        if s is None:
+            return "first verdict"
+        if (r.label, r.top_finding, r.straggler) != s.key:
+            what = "straggler" if r.label == s.key[0] and r.top_finding == s.key[1] else "verdict"
+            return f"the {what} changed"
+        if self._processes is not None and r.processes != self._processes:
+            return "a training process or DataLoader worker appeared or exited"
+        if self._burst is not None and r.burst is not None and r.burst != self._burst:
+            return "a profiler burst was asked for"
+        if self.mode != STEADY:
+            return None
+        ref_step = _median(s.step_times[-REFERENCE_READINGS:])
+        ref_wait = _median(s.waits[-REFERENCE_READINGS:])
+        step = r.step_time_s if r.steps >= MIN_STEPS else None
+        if step is not None and ref_step and abs(step / ref_step - 1) >= STEP_SHIFT:
+            return f"the step time moved {step / ref_step - 1:+.0%}"
+        if r.data_wait is not None and ref_wait is not None and abs(r.data_wait - ref_wait) >= WAIT_SHIFT:
+            return f"the data wait moved {100 * (r.data_wait - ref_wait):+.0f} points"
+        if r.confidence < s.min_confidence - CONFIDENCE_DROP:
+            return "the verdict's evidence weakened"
+        return None
+
+    def _to_fast(self, why: str) -> Cadence:
+        if self.mode == STEADY:
+            self.changes += 1
+        if self._settled is not None:
+            self._settled = _Settled(self._settled.key)
+        self.cadence = self.fast
+        self.reason = why
+        return self.cadence
