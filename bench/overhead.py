@@ -18,6 +18,19 @@ share of that window the watched run spent steady is printed (1.00: steady throu
 ``--threads 1,default`` repeats every demo with ``OMP_NUM_THREADS=1`` (and ``MKL_NUM_THREADS=1``:
 the demo's intra-op pool is one thread, so a foreign CPU-millisecond delays one thread, not a
 two-thread op that waits for its slowest half) and with torch's default.
+
+Within one run (``--within-run``): the pairs above compare two processes, and on a shared 2-core
+VM the same demo alone varies by 8-10 % from one run to the next (the same seeded work), ten times
+the 1 % being measured. ``--within-run`` keeps one process: the demo runs once, its hook
+pre-loaded (as ``torchwatch run`` loads it; the hook's own cost, under 1 µs a step, is in both
+arms and measured by ``bench/hook_cost.py``), and the bench alternates S s alone with
+``torchwatch attach --headless`` (the same session as ``run``, no injection: the hook is there).
+Each watched window is S s of the steady cadence (from 1 s after it went steady); its ratio is
+taken against the mean of the alone windows just before and just after it (A B A B ... A: a
+drift of the machine during the pair cancels to first order):
+
+    python bench/overhead.py --within-run --pairs 5 --steady-window 30 --threads 1,default \
+        --demos cpu_bound,dataloader_bound
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +149,92 @@ def pair(demo: str, seconds: float, threads: str, window: float | None) -> dict[
     return row
 
 
+SETTLE_MAX_S = 20.0  # the cadence settles ~10-11 s after attach; past 20 s the window is taken at the end
+
+
+def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[str, Any]]:
+    """``pairs`` watched windows in one run of ``demo`` (see the module docstring): for each, the
+    steps/s alone before and after it, watched, the ratio, torchwatch's CPU (% of one core, the
+    whole attach) and the share of the window it spent steady."""
+    sys.path.insert(0, str(REPO))
+    from torchwatch.watch.lifecycle import hook_env
+
+    attach_s = SETTLE_MAX_S + window + 2.0
+    total = 20.0 + pairs * (window + attach_s + 3.0) + window + 15.0
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = Path(tmp) / "steps.bin"
+        script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(total)]
+        env = {**hook_env(), **{k: v for k, v in _env(threads).items() if k.endswith("_NUM_THREADS")}}
+        if threads == "default":
+            env.pop("OMP_NUM_THREADS", None)
+            env.pop("MKL_NUM_THREADS", None)
+        target = subprocess.Popen(
+            [sys.executable, str(REPO / "bench" / "_stepclock.py"), str(clock), *script],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            time.sleep(20.0)  # imports, the first steps, the first epoch's warm-up
+            alone: list[tuple[float, float]] = []
+            watched: list[dict[str, Any]] = []
+            for i in range(pairs + 1):
+                a = time.monotonic()
+                time.sleep(window)
+                alone.append((a, time.monotonic()))
+                if i == pairs:
+                    break
+                out = Path(tmp) / f"r{i}.json"
+                subprocess.run(
+                    [sys.executable, "-m", "torchwatch", "attach", "--headless", "--duration", str(attach_s),
+                     "--json", str(out), str(target.pid)],
+                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=_env(threads),
+                )  # fmt: skip
+                report = json.loads(out.read_text())
+                watched.append(report)
+                time.sleep(3.0)  # py-spy's last chunk reaped, the attach gone
+            err = target.communicate(timeout=total + 60)[1]
+        finally:
+            if target.poll() is None:
+                target.kill()
+                target.wait()
+        if target.returncode != 0:
+            raise SystemExit(f"bench/overhead.py: the demo failed: {err.strip()[-300:]}")
+        times = array.array("d")
+        times.frombytes(clock.read_bytes())
+        stamps = list(times)
+    for i, report in enumerate(watched):
+        hook = report.get("hook") or {}
+        first = hook.get("first_step_after_s")
+        started = stamps[0] - first if first is not None else None  # the session's start, monotonic s
+        t_steady = steady_start({"first_step_after_s": 0.0, "sampling": report.get("sampling")})
+        if started is None or t_steady is None:
+            t_steady = attach_s - window - 1.0  # never settled: the last window of the attach
+        w0 = (started or alone[i][1]) + t_steady + 1.0
+        rate = _rate_between(stamps, w0, w0 + window)
+        before = _rate_between(stamps, *alone[i])
+        after = _rate_between(stamps, *alone[i + 1])
+        base = (before + after) / 2
+        rows.append(
+            {
+                "alone": base,
+                "alone_before": before,
+                "alone_after": after,
+                "watched": rate,
+                "ratio": rate / base if base else 0.0,
+                "cpu_pct": float(report["self"]["cpu_pct_of_core"]),
+                "steady_share": steady_share(report, t_steady + 1.0, t_steady + 1.0 + window),
+                "window": (round(t_steady + 1.0, 1), round(t_steady + 1.0 + window, 1)),
+            }
+        )
+    return rows
+
+
+def _rate_between(stamps: list[float], a: float, b: float) -> float:
+    """Steps/s between monotonic times ``a`` and ``b``: the steps in it over their span."""
+    inside = [t for t in stamps if a <= t <= b]
+    return (len(inside) - 1) / (inside[-1] - inside[0]) if len(inside) >= 2 else 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5)
@@ -142,11 +242,17 @@ def main() -> int:
     parser.add_argument("--demos", default="cpu_bound,dataloader_bound,io_bound")
     parser.add_argument("--threads", default="default", help="comma-separated: default and/or a thread count")
     parser.add_argument("--steady-window", type=float, metavar="S", help="steps/s over S s of steady state")
+    parser.add_argument("--within-run", action="store_true", help="alone and watched windows in one run (A B A ... A)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     window = args.steady_window
+    if args.within_run and not window:
+        parser.error("--within-run needs --steady-window S")
     seconds = args.seconds or (16.0 + window if window else 20.0)
     what = f"steady-state window of {window:g} s" if window else "whole runs"
+    if args.within_run:
+        seconds = window
+        what = f"steady-state windows of {window:g} s in one run, ratio to the mean of the alone windows around each"
     print(
         f"{'demo':17s} {'threads':7s} {'alone':>7s} {'watched':>7s} {'ratio':>6s} {'loss':>6s} {'tw CPU':>6s}  "
         f"(medians of {args.pairs} interleaved pairs of {seconds:g} s runs, {what}; load "
@@ -156,7 +262,11 @@ def main() -> int:
     rows = []
     for demo in args.demos.split(","):
         for threads in args.threads.split(","):
-            pairs = [pair(demo, seconds, threads, window) for _ in range(args.pairs)]
+            if args.within_run:
+                assert window is not None
+                pairs = within_run(demo, threads, args.pairs, window)
+            else:
+                pairs = [pair(demo, seconds, threads, window) for _ in range(args.pairs)]
             ratios = [p["ratio"] for p in pairs]
             ratio = statistics.median(ratios)
             row = {
@@ -181,7 +291,11 @@ def main() -> int:
             if window:
                 shares = " ".join(f"{p['steady_share']:.2f}" for p in pairs)
                 spans = " ".join(f"{p['window'][0]:g}-{p['window'][1]:g}" for p in pairs)
-                print(f"{'':25s} steady share of the window: {shares}; windows (s after the first step): {spans}")
+                since = "the attach" if args.within_run else "the first step"
+                print(f"{'':25s} steady share of the window: {shares}; windows (s after {since}): {spans}")
+                if args.within_run:
+                    around = " ".join(f"{p['alone_before']:.2f}/{p['alone_after']:.2f}" for p in pairs)
+                    print(f"{'':25s} alone before/after each window (steps/s): {around}; tw CPU: whole attach")
             if args.json:  # after every row: a long run stopped early keeps what it measured
                 Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -10,6 +10,7 @@ from torchwatch.watch.cadence import (
     FAST,
     REFERENCE_READINGS,
     SETTLE_EVALUATIONS,
+    SHIFT_HOLD,
     STEADY,
     CadencePolicy,
     CadenceReading,
@@ -72,17 +73,13 @@ def test_a_changing_label_restarts_the_count() -> None:
         ({"label": "io-bound"}, "verdict changed"),
         ({"top_finding": "loader-cpu-contention"}, "verdict changed"),
         ({"straggler": 4242}, "straggler changed"),
-        ({"step_time_s": 0.25 * 1.2}, "step time moved +20%"),
-        ({"step_time_s": 0.25 * 0.8}, "step time moved -20%"),
-        ({"data_wait": 0.45}, "data wait moved -15 points"),
         ({"processes": (1, 2)}, "appeared or exited"),
         ({"processes": (2, 0)}, "appeared or exited"),
         ({"burst": "armed:0"}, "burst"),
         ({"burst": "idle:1"}, "burst"),
-        ({"confidence": 0.75}, "evidence weakened"),
     ],
 )
-def test_each_trigger_returns_to_fast_at_once(change: dict[str, object], why: str) -> None:
+def test_each_discrete_trigger_returns_to_fast_at_once(change: dict[str, object], why: str) -> None:
     policy = settled()
     cadence = policy.update(replace(BASE, **change))  # type: ignore[arg-type]
     assert cadence.mode == FAST
@@ -91,9 +88,45 @@ def test_each_trigger_returns_to_fast_at_once(change: dict[str, object], why: st
 
 
 @pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"step_time_s": 0.25 * 1.3}, "step time moved +30%"),
+        ({"step_time_s": 0.25 * 0.7}, "step time moved -30%"),
+        ({"data_wait": 0.45}, "data wait moved -15 points"),
+        ({"confidence": 0.75}, "evidence weakened"),
+    ],
+)
+def test_each_continuous_trigger_returns_to_fast_when_it_holds(change: dict[str, object], why: str) -> None:
+    """A step time, data wait or confidence past its line once is noise; SHIFT_HOLD evaluations in
+    a row is a change."""
+    policy = settled()
+    moved = replace(BASE, **change)  # type: ignore[arg-type]
+    for _ in range(SHIFT_HOLD - 1):
+        assert policy.update(moved).mode == STEADY
+    assert policy.update(moved).mode == FAST
+    assert why in policy.reason
+    assert policy.changes == 1
+
+
+def test_a_continuous_move_that_does_not_hold_keeps_steady() -> None:
+    """Past the line, back within it, past again: the count starts again each time."""
+    policy = settled()
+    moved = replace(BASE, step_time_s=0.25 * 1.3)
+    for _ in range(3):
+        for _ in range(SHIFT_HOLD - 1):
+            assert policy.update(moved).mode == STEADY
+        assert policy.update(BASE).mode == STEADY
+    assert policy.changes == 0
+    # different continuous readings past their lines in a row add up: the loop did change
+    for _ in range(SHIFT_HOLD - 1):
+        policy.update(moved)
+    assert policy.update(replace(BASE, data_wait=0.45)).mode == FAST
+
+
+@pytest.mark.parametrize(
     "change",
     [
-        {"step_time_s": 0.25 * 1.1},  # within STEP_SHIFT
+        {"step_time_s": 0.25 * 1.2},  # within STEP_SHIFT
         {"data_wait": 0.65},  # within WAIT_SHIFT
         {"confidence": 0.85},  # within CONFIDENCE_DROP
         {"step_time_s": None, "data_wait": None},  # a reading missing: no evidence of a change
@@ -124,8 +157,10 @@ def test_the_reference_is_the_end_of_the_settling_run() -> None:
     assert policy.mode == STEADY
     ref = 0.20 + 0.01 * (SETTLE_EVALUATIONS - 1 - REFERENCE_READINGS // 2)
     wait = 0.5 + 0.05 * (SETTLE_EVALUATIONS - 1 - REFERENCE_READINGS // 2)
-    assert policy.update(replace(BASE, step_time_s=ref * 1.1, data_wait=wait)).mode == STEADY
-    assert policy.update(replace(BASE, step_time_s=ref * 1.2, data_wait=wait)).mode == FAST
+    assert policy.update(replace(BASE, step_time_s=ref * 1.2, data_wait=wait)).mode == STEADY
+    for _ in range(SHIFT_HOLD - 1):
+        assert policy.update(replace(BASE, step_time_s=ref * 1.3, data_wait=wait)).mode == STEADY
+    assert policy.update(replace(BASE, step_time_s=ref * 1.3, data_wait=wait)).mode == FAST
 
 
 def test_few_steps_in_the_window_are_not_compared() -> None:
@@ -133,7 +168,10 @@ def test_few_steps_in_the_window_are_not_compared() -> None:
     wait and the verdict are watched."""
     slow = replace(BASE, step_time_s=4.0, steps=2.5)
     policy = settled(slow)
-    assert policy.update(replace(slow, step_time_s=7.0)).mode == STEADY
+    for _ in range(2 * SHIFT_HOLD):
+        assert policy.update(replace(slow, step_time_s=7.0)).mode == STEADY
+    for _ in range(SHIFT_HOLD - 1):
+        policy.update(replace(slow, step_time_s=7.0, data_wait=0.75))
     assert policy.update(replace(slow, step_time_s=7.0, data_wait=0.75)).mode == FAST
 
 

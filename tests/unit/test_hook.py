@@ -92,6 +92,34 @@ def test_counters_round_trip_and_ring_keeps_the_newest(tmp_path: Path) -> None:
     assert snap.data_wait_s == pytest.approx(0.25 * (publish.RING + 10))
 
 
+def test_a_reader_decodes_only_the_steps_after_its_last_read(tmp_path: Path) -> None:
+    """``since`` (the ``written`` count of the previous snapshot) decodes the newer entries only;
+    a count the ring has overrun gives the whole ring, and one from the future (a reader that is
+    wrong about the file) gives every entry."""
+    fd = _dir_fd(tmp_path)
+    c = publish.Counters(fd, INST)
+    os.close(fd)
+    for i in range(10):
+        c.step(1.0 + i, 0.5, 0.0)
+    first = _read_counters(tmp_path)
+    assert first is not None and first.written == 10 and len(first.entries) == 10
+    for i in range(10, 13):
+        c.step(1.0 + i, 0.25, 0.0)
+    dfd = _dir_fd(tmp_path)
+    try:
+        newer = publish.read_counters(dfd, (os.geteuid(),), INST, since=first.written)
+        future = publish.read_counters(dfd, (os.geteuid(),), INST, since=100)
+        for i in range(13, 13 + publish.RING):
+            c.step(1.0 + i, 0.125, 0.0)
+        overrun = publish.read_counters(dfd, (os.geteuid(),), INST, since=newer.written)
+    finally:
+        os.close(dfd)
+    assert [e[0] for e in newer.entries] == [11.0, 12.0, 13.0] and newer.written == 13
+    assert len(newer.rank_steps()) == 3
+    assert len(future.entries) == 13
+    assert len(overrun.entries) == publish.RING and overrun.entries[-1][0] == 13.0 + publish.RING
+
+
 def test_a_write_in_progress_is_never_read(tmp_path: Path) -> None:
     fd = _dir_fd(tmp_path)
     c = publish.Counters(fd, INST)

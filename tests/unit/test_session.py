@@ -198,3 +198,26 @@ def test_the_policy_reads_the_verdict_its_finding_the_loop_and_the_tree(
     session.hook.status = SourceStatus.unavailable("no hook in PID 1", "start it with torchwatch run")
     assert session._cadence_reading(Analysis(t=3.0, features={"startup_share": 0.9}, verdict=idle)).collecting
     assert not session._cadence_reading(Analysis(t=3.0, features={"startup_share": 0.1}, verdict=idle)).collecting
+
+
+def test_the_cadence_waits_until_the_window_is_all_steps(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window that reaches back before the training's first step still climbs (its data wait
+    share above all): the verdict it gives is collecting, and settles only once a window has
+    passed since the first step."""
+    monkeypatch.setattr(session, "_main_pid", lambda: 200)
+    session.hook.status = SourceStatus.ok()
+    stepping = Analysis(
+        t=3.0, features={"hook_steps_per_s": 4.0}, verdict=Verdict("cpu-bound", 0.9, "The loop computes.")
+    )
+    now = time.monotonic()
+    window = session.options.window_s
+    session.store.add([HookState(t=now, pid=200, steps=8, batches=8, data_wait_s=0.0, in_next_since=0.0,
+                                 first_step_t=now - window / 2)])  # fmt: skip
+    assert session._cadence_reading(stepping).collecting
+    session.store.add([HookState(t=now + 0.1, pid=200, steps=9, batches=9, data_wait_s=0.0, in_next_since=0.0,
+                                 first_step_t=now - window - 1.0)])  # fmt: skip
+    assert not session._cadence_reading(stepping).collecting
+    # another process's hook (a rank that is not the focus) says nothing of the focus
+    session.store.add([HookState(t=now + 0.2, pid=201, steps=1, batches=1, data_wait_s=0.0, in_next_since=0.0,
+                                 first_step_t=now)])  # fmt: skip
+    assert not session._cadence_reading(stepping).collecting

@@ -530,9 +530,10 @@ class Counters:
 
 
 def read_counters(
-    dir_fd: int, owners: Collection[int], expect: Instance | None = None, retries: int = 5
+    dir_fd: int, owners: Collection[int], expect: Instance | None = None, retries: int = 5, since: int = 0
 ) -> CounterSnapshot:
-    """Read ``counters`` in ``dir_fd`` consistently (checked as :func:`open_checked`).
+    """Read ``counters`` in ``dir_fd`` consistently (checked as :func:`open_checked`); ``since``:
+    decode only the step entries after that ``written`` count (see :func:`wire.decode_counters`).
 
     Raises:
         Unsafe / OSError: as :func:`open_checked`. wire.WireError: not a counters file of
@@ -543,7 +544,7 @@ def read_counters(
             data = os.pread(fd, COUNTERS_SIZE, 0)
             again = os.pread(fd, HEADER.size, 0)
             try:
-                return wire.decode_counters(data, again, expect)
+                return wire.decode_counters(data, again, expect, since)
             except wire.Busy:
                 continue
     raise wire.Busy("counters: still being written")

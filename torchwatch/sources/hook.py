@@ -149,6 +149,7 @@ class HookReader:
         self._record: wire.HookRecord | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._last_step_end = 0.0
+        self._written = 0  # the counters' entry count at the last read: later reads decode what is newer
         self.seen = False
 
     # -- checks -----------------------------------------------------------------------------
@@ -240,7 +241,7 @@ class HookReader:
             return None
         try:
             assert self.uid is not None
-            return publish.read_counters(fd, (self.uid,), self.instance)
+            return publish.read_counters(fd, (self.uid,), self.instance, since=self._written)
         except FileNotFoundError:
             self._fail(f"no hook in PID {self.pid}", missing=True)
         except wire.Busy as exc:
@@ -259,6 +260,7 @@ class HookReader:
         snap = self.counters()
         if snap is None:
             return None
+        self._written = snap.written
         new = tuple(e for e in snap.entries if e[0] > self._last_step_end)
         detailed = tuple(s for s in snap.rank_steps() if s.end > self._last_step_end)
         if new:

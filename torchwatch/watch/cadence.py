@@ -30,11 +30,19 @@ STEADY = "steady"
 SETTLE_EVALUATIONS = 10
 # A step time this much longer or shorter (relative, median over the window) than when the verdict
 # settled: compute unchanged, a new wait of x of the old step is a share x / (1 + x) of the new
-# one, so 15 % catches a new cause at 13 % of the step, before it can cross the 20 % share most
-# rules fire at (XProf's input-bound mark).
-STEP_SHIFT = 0.15
+# one, so 25 % is a new cause at 20 % of the step, the share most rules fire at (XProf's
+# input-bound mark): the cadence is fast again by the time a rule can see it. Not less: with
+# nothing changed, the window median of a dataloader-bound demo on a 2-core machine wandered by
+# 11-17 % for tens of seconds (a worker losing its core), and each false wake costs ten seconds of
+# the fast cadence (measured with ``bench/overhead.py --steady-window``).
+STEP_SHIFT = 0.25
+# The readings that move continuously (step time, data wait, confidence) must show the move in
+# this many evaluations in a row (4 s at the steady 2 s interval): one window's median crossing
+# the line once is noise; a change of cause outlasts it (the shipped rules hold 1-5 s before they
+# fire). The discrete changes (label, top finding, straggler, processes, burst, a key) act at once.
+SHIFT_HOLD = 2
 # Fewer steps than this in the window and the step time is not compared: the median of 8 step
-# times strays ~0.44 standard deviations of one step (1.25 / sqrt(8)), under the 15 % above for a
+# times strays ~0.44 standard deviations of one step (1.25 / sqrt(8)), under the 25 % above for a
 # loop whose steps vary by up to a third; the median of 2 or 3 steps (a 4 s step in a 10 s
 # window) jumps with every step.
 MIN_STEPS = 8
@@ -158,11 +166,11 @@ class CadencePolicy:
 
     Fast until :data:`SETTLE_EVALUATIONS` evaluations in a row give the same label, top finding
     and straggler with no change below; then steady. Back to fast at once (and the count starts
-    again) when the label, the top finding or the straggler changes, the step time shifts by
-    :data:`STEP_SHIFT` or the data wait by :data:`WAIT_SHIFT` from where they settled, a training
-    process or worker appears or vanishes, the hook's burst state or count changes, the confidence
-    falls :data:`CONFIDENCE_DROP` below its settled low, or :meth:`wake` is called (a key in the
-    TUI, a burst asked for).
+    again) when the label, the top finding or the straggler changes, a training process or worker
+    appears or vanishes, the hook's burst state or count changes, or :meth:`wake` is called (a key
+    in the TUI, a burst asked for); and when, for :data:`SHIFT_HOLD` evaluations in a row, the step
+    time has moved :data:`STEP_SHIFT` or the data wait :data:`WAIT_SHIFT` from where they settled,
+    or the confidence has fallen :data:`CONFIDENCE_DROP` below its settled low.
 
     Args:
         fast: the fast cadence (the session's options). steady: the steady one (default
@@ -186,6 +194,7 @@ class CadencePolicy:
         self._settled: _Settled | None = None
         self._processes: tuple[int, int] | None = None
         self._burst: str | None = None
+        self._held = 0  # steady evaluations in a row with a continuous reading past its line
 
     @property
     def mode(self) -> str:
@@ -237,6 +246,13 @@ class CadencePolicy:
             return "a profiler burst was asked for"
         if self.mode != STEADY:
             return None
+        why = self._shifted(r, s)
+        self._held = self._held + 1 if why is not None else 0
+        return why if self._held >= SHIFT_HOLD else None
+
+    @staticmethod
+    def _shifted(r: CadenceReading, s: _Settled) -> str | None:
+        """How a continuous reading moved past its line from where the verdict settled, or ``None``."""
         ref_step = _median(s.step_times[-REFERENCE_READINGS:])
         ref_wait = _median(s.waits[-REFERENCE_READINGS:])
         step = r.step_time_s if r.steps >= MIN_STEPS else None
@@ -255,4 +271,5 @@ class CadencePolicy:
             self._settled = _Settled(self._settled.key)
         self.cadence = self.fast
         self.reason = why
+        self._held = 0
         return self.cadence

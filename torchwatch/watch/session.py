@@ -434,15 +434,23 @@ class Session:
 
     def _collecting(self, analysis: Analysis) -> bool:
         """The verdict cannot settle yet: it still waits for samples, the training is still
-        starting (importing, or its hook has counted no step in the window), so the readings
-        that matter have not begun."""
+        starting (importing, or its hook has counted no step in the window, or its first step is
+        less than a window ago), so the readings that matter have not begun or not filled the
+        window."""
         v, f = analysis.verdict, analysis.features
         if v.label == "undetermined" and v.confidence == 0.0:
             return True
         if (f.get("startup_share") or 0.0) > 0.5:  # py-spy sees the loop's thread importing
             return True
         hook = self.hook.status.status
-        return hook is Status.STARTING or (hook is Status.OK and not f.get("hook_steps_per_s"))
+        if hook is Status.STARTING or (hook is Status.OK and not f.get("hook_steps_per_s")):
+            return True
+        # The window still reaches back before the first step: its shares (data wait above all)
+        # still climb as the loop fills it, and a reference taken now would wake the cadence later.
+        focus = self.main_pid
+        state = self.store.latest(HookState, lambda h: h.pid == focus) if focus is not None else None
+        first = state.first_step_t if state is not None else 0.0
+        return bool(first) and time.monotonic() - first < self.options.window_s
 
     def _adapt(self, reading: CadenceReading | str, now: float | None = None) -> None:
         """Hand the policy a reading (or, as a string, why to go fast: a key, a burst request)
