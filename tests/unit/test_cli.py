@@ -308,3 +308,20 @@ def test_version_comes_from_the_package_metadata(
     assert capsys.readouterr().out.strip() == f"torchwatch {real}"
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch" else real)
     assert torchwatch.__version__ == "9.8.7"  # not a second copy of the number
+
+
+@pytest.mark.parametrize(
+    ("argv", "adaptive"), [([], True), (["--sampling", "adaptive"], True), (["--sampling", "fast"], False)]
+)
+def test_sampling_option_turns_the_adaptive_cadence_off(argv: list[str], adaptive: bool) -> None:
+    from torchwatch.cli.drive import WatchOptions
+
+    for command in (["run", *argv, "--", "python"], ["attach", *argv, "1"]):
+        opts = WatchOptions.from_args(build_parser().parse_args(command))
+        assert opts.session_options(launched=command[0] == "run").adaptive is adaptive
+
+
+def test_sampling_option_refuses_other_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "--headless", "--sampling", "slow", "1"]) == 2
+    line = error_line(capsys)
+    assert "--sampling" in line and "fast" in line

@@ -212,6 +212,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="a process that stepped and then makes no step for SECONDS is hung: every thread of every rank and "
         "DataLoader worker is dumped once (default: max(30 s, 20 x its p95 step time))",
     )
+    p.add_argument(
+        "--sampling",
+        choices=("adaptive", "fast"),
+        default="adaptive",
+        help="adaptive (default): sample fast until the verdict settles, then at a steady cadence that costs a "
+        "third, fast again on any change; fast: the fast cadence throughout (to compare, or for a short run)",
+    )
     _prometheus_option(p)
     _logging_options(p, top=False)
 

@@ -70,6 +70,7 @@ class WatchOptions:
     keep_hook: bool = False
     hang_after: float | None = None
     prometheus: tuple[str, int] | None = None
+    adaptive: bool = True
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WatchOptions:
@@ -88,6 +89,7 @@ class WatchOptions:
             keep_hook=bool(getattr(args, "keep_hook", False)),
             hang_after=getattr(args, "hang_after", None),
             prometheus=getattr(args, "prometheus", None),
+            adaptive=getattr(args, "sampling", "adaptive") != "fast",
         )
 
     def session_options(self, launched: bool = False) -> SessionOptions:
@@ -97,6 +99,7 @@ class WatchOptions:
             trace_path=self.trace,
             hook_expected=launched and self.hook,
             hang_after=self.hang_after,
+            adaptive=self.adaptive,
         )
 
 
