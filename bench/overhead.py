@@ -288,6 +288,9 @@ def main() -> int:
                 f"{max(ratios):.3f}; pairs " + " ".join(f"{r:.3f}" for r in ratios),
                 flush=True,
             )
+            if len(ratios) > 1:  # how far the median can be trusted: the pairs' mean and its standard error
+                se = statistics.stdev(ratios) / len(ratios) ** 0.5
+                print(f"{'':25s} mean of the pairs {statistics.mean(ratios):.3f} +- {se:.3f} (standard error)")
             if window:
                 shares = " ".join(f"{p['steady_share']:.2f}" for p in pairs)
                 spans = " ".join(f"{p['window'][0]:g}-{p['window'][1]:g}" for p in pairs)
