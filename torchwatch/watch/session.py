@@ -429,14 +429,14 @@ class Session:
             processes=(roles.count(Role.MAIN), roles.count(Role.WORKER)),
             straggler=analysis.straggler.pid if analysis.straggler is not None else None,
             burst=None if burst is None else f"{burst.state}:{burst.count}",
-            collecting=self._collecting(analysis),
+            collecting=self._collecting(analysis, reading),
         )
 
-    def _collecting(self, analysis: Analysis) -> bool:
+    def _collecting(self, analysis: Analysis, focus_hook: HookState | None) -> bool:
         """The verdict cannot settle yet: it still waits for samples, the training is still
         starting (importing, or its hook has counted no step in the window, or its first step is
-        less than a window ago), so the readings that matter have not begun or not filled the
-        window."""
+        less than a window ago: ``focus_hook``, the focus process's latest hook reading), so the
+        readings that matter have not begun or not filled the window."""
         v, f = analysis.verdict, analysis.features
         if v.label == "undetermined" and v.confidence == 0.0:
             return True
@@ -447,9 +447,7 @@ class Session:
             return True
         # The window still reaches back before the first step: its shares (data wait above all)
         # still climb as the loop fills it, and a reference taken now would wake the cadence later.
-        focus = self.main_pid
-        state = self.store.latest(HookState, lambda h: h.pid == focus) if focus is not None else None
-        first = state.first_step_t if state is not None else 0.0
+        first = focus_hook.first_step_t if focus_hook is not None else 0.0
         return bool(first) and time.monotonic() - first < self.options.window_s
 
     def _adapt(self, reading: CadenceReading | str, now: float | None = None) -> None:
