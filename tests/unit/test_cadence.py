@@ -16,6 +16,7 @@ from torchwatch.watch.cadence import (
     CadenceReading,
     fast_cadence,
     steady_cadence,
+    until_tick,
 )
 
 BASE = CadenceReading(
@@ -196,3 +197,43 @@ def test_steady_cadence_is_slower_than_fast_everywhere() -> None:
     # a user's slower --rate is never made faster by the steady cadence
     slow = steady_cadence(fast_cadence(pyspy_rate=2, pyspy_chunk_s=10.0, thread_interval_s=1.0))
     assert (slow.pyspy_rate, slow.pyspy_chunk_s, slow.thread_interval_s) == (2, 10.0, 1.0)
+
+
+# -- the samplers' grid ----------------------------------------------------------------------------
+@pytest.mark.parametrize("interval", [0.1, 0.2, 0.5, 1.0, 2.0])
+@pytest.mark.parametrize("now", [0.0, 0.013, 12345.678, 98765.4321])
+def test_a_sampler_wakes_on_the_next_multiple_of_its_interval(now: float, interval: float) -> None:
+    wait = until_tick(now, interval)
+    assert interval / 2 - 1e-9 <= wait < 1.5 * interval + 1e-9
+    ticks = (now + wait) / interval
+    assert ticks == pytest.approx(round(ticks), abs=1e-6)
+
+
+def test_a_wake_a_little_early_or_late_counts_as_its_tick() -> None:
+    # Woken 1 ms before the tick at 10.0 s or 1 ms after it: either way the next one is 10.2 s.
+    assert until_tick(10.0 - 1e-3, 0.2) == pytest.approx(0.201)
+    assert until_tick(10.0 + 1e-3, 0.2) == pytest.approx(0.199)
+    assert until_tick(10.0, 0.0) == 0.0  # back to back (py-spy's chunks block on their own)
+
+
+@pytest.mark.parametrize("steady", [False, True])
+def test_every_sampler_of_a_cadence_wakes_on_a_tick_of_the_fastest(steady: bool) -> None:
+    """The point of the grid: a slower sampler never wakes the process at an instant of its own."""
+    fast = fast_cadence()
+    c = steady_cadence(fast) if steady else fast
+    intervals = [
+        c.thread_interval_s,
+        c.all_threads_interval_s,
+        c.proc_interval_s,
+        c.hook_interval_s,
+        c.nvml_interval_s,
+        c.analysis_interval_s,
+    ]
+    finest = min(intervals)
+    start = 4321.987
+    for interval in intervals:
+        now = start
+        for _ in range(10):
+            now += until_tick(now, interval)
+            on_finest = now / finest
+            assert on_finest == pytest.approx(round(on_finest), abs=1e-6), (interval, now)

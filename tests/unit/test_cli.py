@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -284,8 +286,6 @@ def test_burst_progress_on_a_terminal_is_a_spinner() -> None:
 
 # -- stop signals, version -----------------------------------------------------------------------------
 def test_stop_signals_are_recorded_then_restored() -> None:
-    import signal
-
     from torchwatch.watch.lifecycle import StopSignals
 
     before = signal.getsignal(signal.SIGTERM)
@@ -293,7 +293,38 @@ def test_stop_signals_are_recorded_then_restored() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stops.arrived.wait(5)
         assert stops.received == [signal.SIGTERM] and stops.first == signal.SIGTERM
+        # and the descriptor a loop sleeping in select() wakes on
+        assert stops.wake_fd is not None and select.select([stops.wake_fd], [], [], 5)[0]
     assert signal.getsignal(signal.SIGTERM) is before
+    assert stops.wake_fd is None  # closed with the handlers
+
+
+def test_a_wait_for_the_training_ends_at_its_exit_or_when_woken() -> None:
+    """The headless loop sleeps in Launched.wait until the next verdict; the training's exit or a
+    stop signal (its wake descriptor) ends the sleep at once."""
+    from torchwatch.watch.lifecycle import launch
+
+    r, w = os.pipe()
+    try:
+        child = launch(["sleep", "30"], stdout=subprocess.DEVNULL)
+        try:
+            t0 = time.monotonic()
+            assert child.wait(0.3, wake_fd=r) is None  # nothing happened: the whole timeout
+            assert 0.25 <= time.monotonic() - t0 < 5
+            os.write(w, b"\0")
+            t0 = time.monotonic()
+            assert child.wait(20, wake_fd=r) is None
+            assert time.monotonic() - t0 < 5  # woken, not 20 s
+            os.kill(child.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            os.read(r, 1)  # no longer readable: only the exit can end this one early
+            assert child.wait(20, wake_fd=r) == -signal.SIGKILL
+            assert time.monotonic() - t0 < 5
+        finally:
+            child.close()
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_version_comes_from_the_package_metadata(

@@ -20,7 +20,7 @@ from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, PROC_NOT_TREE, NvmlSource
 from torchwatch.sources.proc import TreeNode
 from torchwatch.watch.cadence import SETTLE_EVALUATIONS, CadenceReading
 from torchwatch.watch.observe import NO_CUDA, NO_HOOK_MEMORY
-from torchwatch.watch.session import Session, SessionOptions
+from torchwatch.watch.session import ANALYSIS_LAG_S, Session, SessionOptions
 
 
 @pytest.fixture
@@ -221,3 +221,16 @@ def test_the_cadence_waits_until_the_window_is_all_steps(session: Session, monke
     session.store.add([HookState(t=now + 0.2, pid=201, steps=1, batches=1, data_wait_s=0.0, in_next_since=0.0,
                                  first_step_t=now)])  # fmt: skip
     assert not session._cadence_reading(stepping).collecting
+
+
+def test_the_rules_run_just_after_the_samplers_tick(session: Session) -> None:
+    """Fast: 20 ms after each whole second; steady: after every other one, with the samplers' readings in."""
+    for now in (100.0, 100.5, 100.995, 101.01):
+        wake = now + session.until_analysis(now)
+        assert (wake - ANALYSIS_LAG_S) == pytest.approx(round(wake - ANALYSIS_LAG_S), abs=1e-6)
+        assert 0.5 <= wake - now <= 1.5 + ANALYSIS_LAG_S
+    _settle(session)
+    interval = session.cadence.cadence.analysis_interval_s
+    assert interval == 2.0
+    wake = 101.3 + session.until_analysis(101.3)
+    assert (wake - ANALYSIS_LAG_S) / interval == pytest.approx(round((wake - ANALYSIS_LAG_S) / interval), abs=1e-6)

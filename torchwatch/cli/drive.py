@@ -474,7 +474,15 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
             # a closed stderr ends the status lines, not the watch
             status_ok = _emit(status_line(obs, now - start), sys.stderr, fatal=False)
             last_label, last_print = label, now
-        stops.arrived.wait(0.25)
+        # Sleep until the next verdict, the training's exit or a stop signal, whichever comes
+        # first: no wake-up of its own between two evaluations of the rules.
+        wait = session.until_analysis(time.monotonic()) + 0.01
+        if opts.duration is not None:
+            wait = min(wait, max(0.0, start + opts.duration - time.monotonic()))
+        if child is not None:
+            child.wait(wait, wake_fd=stops.wake_fd)
+        else:
+            stops.arrived.wait(wait)
 
 
 def _emit(text: str, stream: TextIO, fatal: bool = True) -> bool:

@@ -17,6 +17,7 @@ loop samples, in a 10 s window, above the 20 the stack shares need), the loop's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -55,6 +56,32 @@ REFERENCE_READINGS = 5
 WAIT_SHIFT = 0.10
 # The verdict's confidence falling this far below the lowest it had while it settled.
 CONFIDENCE_DROP = 0.10
+
+
+def until_tick(now: float, interval: float) -> float:
+    """Seconds from ``now`` to the next multiple of ``interval`` on the same clock.
+
+    Every sampler and the analysis sleep to a multiple of its own interval, and the intervals of
+    a cadence divide one another (0.1 / 0.5 / 1 s fast, 0.2 / 1 / 2 s steady), so their wake-ups
+    fall on the same instants: one burst of torchwatch's threads every tick instead of one per
+    sampler, each at its own phase. On a machine whose cores the training fills, every wake-up
+    takes a core from a training thread; a loop whose intra-op threads meet at a barrier then
+    waits for the one that lost its core, so fewer wake-ups cost it less than fewer CPU-seconds
+    alone would say.
+
+    A wake-up a little early (a timer's slack) or late still counts as the tick it was meant for:
+    the next tick is the one after the nearest, at least half an interval away.
+
+    Args:
+        now: the current time, s (``time.monotonic()``).
+        interval: s between two ticks; 0 or less: no wait.
+
+    Returns:
+        s to wait, in ``[interval / 2, 3 * interval / 2)``, or 0.0 when ``interval <= 0``.
+    """
+    if interval <= 0:
+        return 0.0
+    return (math.floor(now / interval + 0.5) + 1) * interval - now
 
 
 @dataclass(frozen=True)

@@ -96,12 +96,14 @@ class Launched:
         self.pid = int(line.split()[1])
         log.debug("started %s as PID %d under the guard PID %d", self.args, self.pid, guard.pid)
 
-    def _line(self, timeout: float) -> str | None:
-        """The next status line from the guard; ``None`` at end of file or after ``timeout`` s."""
+    def _line(self, timeout: float, wake_fd: int | None = None) -> str | None:
+        """The next status line from the guard; ``None`` at end of file, after ``timeout`` s, or
+        once ``wake_fd`` is readable."""
         deadline = time.monotonic() + timeout
+        fds = [self._status] if wake_fd is None else [self._status, wake_fd]
         while b"\n" not in self._buffer:
             left = max(0.0, deadline - time.monotonic())  # 0: look once without waiting
-            if not select.select([self._status], [], [], left)[0]:
+            if self._status not in select.select(fds, [], [], left)[0]:
                 return None
             try:
                 data = os.read(self._status, 4096)
@@ -118,16 +120,24 @@ class Launched:
         """The command's exit status once it has ended (non-blocking), else ``None``."""
         return self.wait(0.0) if self.returncode is None else self.returncode
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Wait up to ``timeout`` s (``None``: for ever) for the command to end; its status or ``None``."""
+    def wait(self, timeout: float | None = None, wake_fd: int | None = None) -> int | None:
+        """Wait up to ``timeout`` s (``None``: for ever) for the command to end; its status or ``None``.
+
+        Args:
+            timeout: s to wait at most.
+            wake_fd: a file descriptor that ends the wait early once readable
+                (:attr:`StopSignals.wake_fd`: a stop signal arrived); it is not read.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             left = 3600.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            line = None if self._eof else self._line(left)
+            line = None if self._eof else self._line(left, wake_fd)
             if line is not None:
                 if line.startswith("exit "):
                     self.returncode = int(line.split()[1])
                 continue
+            if wake_fd is not None and select.select([wake_fd], [], [], 0)[0]:
+                break
             if self._eof:
                 # The guard was killed on its own: the command now belongs to init and its exit
                 # status cannot be known; only whether it still runs.
@@ -281,6 +291,14 @@ class StopSignals:
         self.received: list[int] = []
         self.arrived = threading.Event()
         self._previous: dict[int, Handler] = {}
+        self._wake: tuple[int, int] | None = None
+
+    @property
+    def wake_fd(self) -> int | None:
+        """A file descriptor that turns readable when a stop signal arrives, for a loop that
+        sleeps in ``select`` (:meth:`Launched.wait`), where Python retries the call after the
+        handler ran (PEP 475) instead of returning; ``None`` while not installed."""
+        return self._wake[0] if self._wake is not None else None
 
     @property
     def first(self) -> int | None:
@@ -291,11 +309,16 @@ class StopSignals:
         # no logging here: a handler may run inside a logging call, whose lock it would take again
         self.received.append(signum)
         self.arrived.set()
+        if self._wake is not None:
+            with contextlib.suppress(OSError):  # full (a byte is already there) or closed
+                os.write(self._wake[1], b"\0")
 
     def install(self) -> None:
         """Catch the stop signals (main thread only; elsewhere this does nothing)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        if self._wake is None:
+            self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         for sig in STOP_SIGNALS:
             previous = signal.getsignal(sig)
             if previous is signal.SIG_IGN:
@@ -308,6 +331,11 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+        if self._wake is not None:
+            for fd in self._wake:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._wake = None
 
     def __enter__(self) -> StopSignals:
         self.install()
