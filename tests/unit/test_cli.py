@@ -193,7 +193,7 @@ def test_an_exception_in_the_analysis_thread_reaches_the_log_file(
         raise ZeroDivisionError("rule arithmetic went wrong")
 
     monkeypatch.setattr(session, "analyze", broken)
-    thread = threading.Thread(target=session._analysis_loop)
+    thread = threading.Thread(target=session._tick_loop, args=([],))  # the rules alone, no source
     thread.start()
     time.sleep(0.2)
     session._stop.set()

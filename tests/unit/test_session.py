@@ -20,7 +20,7 @@ from torchwatch.sources.nvml import GPM_FIRST_SAMPLE, PROC_NOT_TREE, NvmlSource
 from torchwatch.sources.proc import TreeNode
 from torchwatch.watch.cadence import SETTLE_EVALUATIONS, CadenceReading
 from torchwatch.watch.observe import NO_CUDA, NO_HOOK_MEMORY
-from torchwatch.watch.session import ANALYSIS_LAG_S, Session, SessionOptions
+from torchwatch.watch.session import Session, SessionOptions
 
 
 @pytest.fixture
@@ -223,14 +223,60 @@ def test_the_cadence_waits_until_the_window_is_all_steps(session: Session, monke
     assert not session._cadence_reading(stepping).collecting
 
 
-def test_the_rules_run_just_after_the_samplers_tick(session: Session) -> None:
-    """Fast: 20 ms after each whole second; steady: after every other one, with the samplers' readings in."""
+def test_the_rules_run_on_the_ticks_of_the_analysis_interval(session: Session) -> None:
+    """Fast: on each whole second; steady: on every other one (the samplers' grid)."""
     for now in (100.0, 100.5, 100.995, 101.01):
         wake = now + session.until_analysis(now)
-        assert (wake - ANALYSIS_LAG_S) == pytest.approx(round(wake - ANALYSIS_LAG_S), abs=1e-6)
-        assert 0.5 <= wake - now <= 1.5 + ANALYSIS_LAG_S
+        assert wake == pytest.approx(round(wake), abs=1e-6)
+        assert 0.5 <= wake - now <= 1.5
     _settle(session)
     interval = session.cadence.cadence.analysis_interval_s
     assert interval == 2.0
     wake = 101.3 + session.until_analysis(101.3)
-    assert (wake - ANALYSIS_LAG_S) / interval == pytest.approx(round((wake - ANALYSIS_LAG_S) / interval), abs=1e-6)
+    assert wake / interval == pytest.approx(round(wake / interval), abs=1e-6)
+
+
+class _Ticker:
+    """A source that records when, and on which thread, it was read; ``fail_at``: raise on that read."""
+
+    def __init__(self, name: str, interval: float, fail_at: int | None = None) -> None:
+        self.name, self.interval, self.fail_at = name, interval, fail_at
+        self.status = SourceStatus.ok()
+        self.reads: list[tuple[float, int]] = []
+
+    def sample(self, now: float) -> list[object]:
+        self.reads.append((now, threading.get_ident()))
+        if self.fail_at is not None and len(self.reads) == self.fail_at:
+            raise RuntimeError("broken reader")
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_quick_sources_and_the_rules_share_one_thread_and_one_grid(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fine, slow, broken = _Ticker("fine", 0.1), _Ticker("slow", 0.5), _Ticker("broken", 0.1, fail_at=3)
+    analyses: list[tuple[float, int]] = []
+    monkeypatch.setattr(session, "analyze", lambda now=None: analyses.append((time.monotonic(), threading.get_ident())))
+    thread = threading.Thread(target=session._tick_loop, args=([fine, slow, broken],))
+    thread.start()
+    time.sleep(2.3)
+    session._stop.set()
+    with session._nap:
+        session._nap.notify_all()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert {ident for _, ident in fine.reads + slow.reads + analyses} == {thread.ident}
+    # after the first round (at once), every read falls on a multiple of its interval (a loaded
+    # machine may wake late: 40 ms of slack)
+    for src in (fine, slow):
+        assert len(src.reads) >= 2.3 / src.interval / 2
+        for t, _ in src.reads[1:]:
+            assert abs(t / src.interval - round(t / src.interval)) * src.interval < 0.04, (src.name, t)
+    assert 1 <= len(analyses) <= 3  # 1 s ticks in 2.3 s
+    assert all(abs(t - round(t)) < 0.05 for t, _ in analyses)
+    # a source that raised was read no more; the others went on
+    assert len(broken.reads) == 3 and broken.status.status is Status.UNAVAILABLE
+    assert fine.reads[-1][0] > broken.reads[-1][0] + 0.5

@@ -51,6 +51,10 @@ from torchwatch.watch.target import check_attachable, check_command
 log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on every label change
+# headless: the loop looks for a new verdict this long after the analysis tick, by when the rules
+# have run (an evaluation takes 2-5 ms of CPU on a small tree, measured with cProfile; more on a
+# loaded machine, and a late one is only printed a tick later).
+VERDICT_LAG_S = 0.05
 
 
 @dataclass
@@ -476,7 +480,7 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
             last_label, last_print = label, now
         # Sleep until the next verdict, the training's exit or a stop signal, whichever comes
         # first: no wake-up of its own between two evaluations of the rules.
-        wait = session.until_analysis(time.monotonic()) + 0.01
+        wait = session.until_analysis(time.monotonic()) + VERDICT_LAG_S
         if opts.duration is not None:
             wait = min(wait, max(0.0, start + opts.duration - time.monotonic()))
         if child is not None:

@@ -90,11 +90,8 @@ class SessionOptions:
 # "undetermined". A window longer than the store keeps would silently be cut to what it holds.
 WINDOW_MIN_S = SessionOptions.pyspy_chunk_s
 WINDOW_MAX_S = KEEP_S
-# The rules run this long after a tick of the samplers' grid (:func:`until_tick`): a round of every
-# sampler due at the tick takes a few ms (psutil ~2 ms, the hook's files ~1.6 ms, thread states
-# ~0.3 ms on a small tree, measured with cProfile on a 2-core machine), so the evaluation sees the
-# tick's readings rather than the ones a tick older.
-ANALYSIS_LAG_S = 0.02
+# A tick's sources count as due this early: a timed wait may end a little before its deadline.
+TICK_SLACK_S = 0.002
 HANG_JOIN_S = 20.0  # the report waits this long for a thread dump in flight (py-spy's timeout is 10 s a process)
 
 
@@ -258,12 +255,16 @@ class Session:
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start one sampler thread per source and the analysis thread."""
+        """Start the sampling threads: one that ticks (the quick readers, then the rules), and one
+        for each source that blocks (py-spy for a chunk, NVML in the driver)."""
+        ticked = [src for src in self.sources if src in (self.proc, self.threads, self.hook)]
         for src in self.sources:
+            if src in ticked:
+                continue
             t = threading.Thread(target=self._sample_loop, args=(src,), name=f"torchwatch-{src.name}", daemon=True)
             t.start()
             self._threads.append(t)
-        t = threading.Thread(target=self._analysis_loop, name="torchwatch-analysis", daemon=True)
+        t = threading.Thread(target=self._tick_loop, args=(ticked,), name="torchwatch-ticks", daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -357,25 +358,66 @@ class Session:
         return "not enough samples in the window yet, or the loop never entered that state"
 
     def _sample_loop(self, src: Source) -> None:
+        """A source on a thread of its own: sample, then sleep to its next tick."""
         while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                readings = src.sample(t0)
-            except Exception as exc:
-                log.exception("the %s sampler failed; it stops, the other sources keep running", src.name)
-                src.status = SourceStatus.unavailable(
-                    f"internal error in {src.name}: {exc!r}", "please report it; other sources keep running"
-                )
+            if not self._sample(src) or self.ended_at is not None:
                 return
-            self.store.add(readings)
-            if src is self.hook:
-                self._mark_spawned(readings)
-                self.hang.feed(readings)
-            if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
-                self.ended_at = time.monotonic()
+            if src is self.nvml and src.status.status is Status.UNAVAILABLE:
+                return  # NVML never comes back once unavailable (sample() gives [] for ever)
+            self._sleep(until_tick(time.monotonic(), src.interval))
+
+    def _tick_loop(self, sources: Sequence[Source]) -> None:
+        """The quick readers (psutil, thread states, the hook's files) and the rules on one
+        thread: each tick of the grid (:func:`until_tick`) reads the sources due, then evaluates
+        the rules when they are due, then sleeps to the next tick of any of them.
+
+        One thread, not one per source: the process wakes once a tick (5 times a second when
+        steady), not once per source at its own phase, and its threads never queue for the GIL
+        at the same instant (a thread per source on one grid doubled the context switches)."""
+        due = {src: 0.0 for src in sources}  # the first round at once
+        analysis_due = time.monotonic() + self.until_analysis(time.monotonic())
+        gen = self._cadence_gen
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if gen != self._cadence_gen:  # a new cadence: read the sources now, then on its grid
+                gen = self._cadence_gen
+                due = dict.fromkeys(due, now)
+                # the rules at their next tick: the change most often comes from the rules
+                # themselves, and evaluating them again at once would only repeat the verdict
+                analysis_due = now + self.until_analysis(now)
+            for src in [s for s, t in due.items() if now >= t - TICK_SLACK_S]:
+                if not self._sample(src):
+                    del due[src]
+                    continue
+                t = time.monotonic()
+                due[src] = t + until_tick(t, src.interval)
             if self.ended_at is not None:
                 return
-            self._sleep(until_tick(time.monotonic(), src.interval))
+            if now >= analysis_due - TICK_SLACK_S:
+                self._analysis_round()
+                t = time.monotonic()
+                analysis_due = t + self.until_analysis(t)
+            self._sleep(max(0.0, min([analysis_due, *due.values()]) - time.monotonic()))
+
+    def _sample(self, src: Source) -> bool:
+        """One reading of ``src`` into the store; ``False`` when the source failed and stops
+        (the others keep running)."""
+        t0 = time.monotonic()
+        try:
+            readings = src.sample(t0)
+        except Exception as exc:
+            log.exception("the %s sampler failed; it stops, the other sources keep running", src.name)
+            src.status = SourceStatus.unavailable(
+                f"internal error in {src.name}: {exc!r}", "please report it; other sources keep running"
+            )
+            return False
+        self.store.add(readings)
+        if src is self.hook:
+            self._mark_spawned(readings)
+            self.hang.feed(readings)
+        if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
+            self.ended_at = time.monotonic()
+        return True
 
     def _sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less when watching stops or the cadence changes."""
@@ -531,28 +573,22 @@ class Session:
             log.warning("--trace: cannot append to %s (%s): tracing stops", self.options.trace_path, exc)
             self.options = dataclasses.replace(self.options, trace_path=None)
 
-    def _analysis_loop(self) -> None:
-        while True:
-            self._sleep(self.until_analysis(time.monotonic()))
-            if self._stop.is_set():
-                break
-            self.store.trim(time.monotonic())
-            if self.ended_at is not None:
-                break
-            try:
-                self.hang.check(time.monotonic())
-            except Exception as exc:
-                self._log_analysis_error(exc)
-            try:
-                self.analyze()
-            except Exception as exc:
-                self._log_analysis_error(exc)
+    def _analysis_round(self) -> None:
+        """Trim the store, look for a hang, evaluate the rules; an error is logged, never raised."""
+        self.store.trim(time.monotonic())
+        try:
+            self.hang.check(time.monotonic())
+        except Exception as exc:
+            self._log_analysis_error(exc)
+        try:
+            self.analyze()
+        except Exception as exc:
+            self._log_analysis_error(exc)
 
     def until_analysis(self, now: float) -> float:
-        """Seconds from ``now`` to the next evaluation of the rules: :data:`ANALYSIS_LAG_S` after
-        the next tick of the analysis interval (1 s fast, 2 s steady), by when the samplers due at
-        that tick have added their readings (a round takes a few ms)."""
-        return until_tick(now - ANALYSIS_LAG_S, self.cadence.cadence.analysis_interval_s)
+        """Seconds from ``now`` to the next evaluation of the rules: the next tick of the
+        analysis interval (1 s fast, 2 s steady), right after the samplers due at that tick."""
+        return until_tick(now, self.cadence.cadence.analysis_interval_s)
 
     def _log_analysis_error(self, exc: Exception) -> None:
         """Log a failed analysis: the first of each kind as a warning, every one with its traceback
