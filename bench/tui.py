@@ -3,9 +3,11 @@
 Runs ``torchwatch run -- python demo/DEMO.py`` in a private tmux server (a real terminal) at
 the default refresh, then:
 
-1. CPU and memory: torchwatch's own process (UI, reader thread, samplers; py-spy is a child
+1. CPU, memory and wake-ups: torchwatch's own process (UI, reader thread, samplers; py-spy is a child
    and counted apart) over ``--seconds`` after a warm-up: % of one core from its CPU times,
-   and its RSS (mean and max of one reading a second). Targets: <= 10 % and <= 150 MB.
+   its RSS (mean and max of one reading a second), and how often its threads are woken (the
+   sum of their voluntary context switches a second: on a machine whose cores the training
+   fills, each is a moment a training thread loses its core). Targets: <= 10 % and <= 150 MB.
 2. Key latency: ``p`` is sent ``--presses`` times with ``tmux send-keys`` and the pane is
    polled until the top border shows (or stops showing) ``PAUSED``. This includes tmux's own
    delay (measured apart with ``cat``), so it is an upper bound of the app's. Inside the app
@@ -72,8 +74,29 @@ def find(parent: int, marker: str, timeout: float = 30.0) -> psutil.Process:
     raise SystemExit(f"no process with {marker!r} under {parent}")
 
 
-def usage(proc: psutil.Process, seconds: float) -> tuple[float, float, float, float]:
-    """CPU % of one core of ``proc`` and of its py-spy children, RSS mean and max (MB)."""
+def wakes(pid: int) -> dict[int, int]:
+    """``{TID: voluntary context switches}`` of every thread of ``pid``: each is one time the
+    thread slept and was woken again (``/proc/PID/task/TID/status``; the PID's own ``status``
+    counts its main thread only)."""
+    out: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for text in f:
+                    if text.startswith("voluntary_ctxt_switches:"):
+                        out[int(tid)] = int(text.split()[1])
+        except OSError:
+            pass
+    return out
+
+
+def usage(proc: psutil.Process, seconds: float) -> tuple[float, float, float, float, float]:
+    """CPU % of one core of ``proc`` and of its py-spy children, RSS mean and max (MB), and the
+    wake-ups of ``proc``'s threads per second (py-spy's own are not counted)."""
 
     def pyspy_cpu() -> float:
         total = 0.0
@@ -86,24 +109,25 @@ def usage(proc: psutil.Process, seconds: float) -> tuple[float, float, float, fl
                 pass
         return total
 
-    t0, c0, s0 = time.monotonic(), proc.cpu_times(), pyspy_cpu()
+    t0, c0, s0, w0 = time.monotonic(), proc.cpu_times(), pyspy_cpu(), wakes(proc.pid)
     rss = []
     while time.monotonic() - t0 < seconds:
         rss.append(proc.memory_info().rss / 1e6)
         time.sleep(1.0)
     wall = time.monotonic() - t0
-    c1 = proc.cpu_times()
+    c1, w1 = proc.cpu_times(), wakes(proc.pid)
+    woken = sum(n - w0[tid] for tid, n in w1.items() if tid in w0) / wall
     own = (c1.user - c0.user + c1.system - c0.system) / wall * 100
     # py-spy restarts every chunk: finished ones land in children_* times of the parent
     spy = c1.children_user - c0.children_user + c1.children_system - c0.children_system + pyspy_cpu() - s0
-    return own, spy / wall * 100, statistics.fmean(rss), max(rss)
+    return own, spy / wall * 100, statistics.fmean(rss), max(rss), woken
 
 
-def line(name: str, own: float, spy: float, rss_mean: float, rss_max: float) -> str:
+def line(name: str, own: float, spy: float, rss_mean: float, rss_max: float, woken: float) -> str:
     """One result line."""
     return (
-        f"{name:9} torchwatch {own:5.1f} % of a core (py-spy {spy:4.1f} %), "
-        f"RSS mean {rss_mean:.0f} MB, max {rss_max:.0f} MB"
+        f"{name:9} torchwatch {own:5.2f} % of a core (py-spy {spy:4.2f} %), "
+        f"RSS mean {rss_mean:.0f} MB, max {rss_max:.0f} MB, its threads woken {woken:.1f} times/s"
     )
 
 
@@ -220,8 +244,8 @@ def main() -> None:
     try:
         tw = find(tmux.shell, "--as-torchwatch")
         time.sleep(args.warmup)  # torch import, first verdict, the cadence settling
-        own, spy, rss_mean, rss_max = usage(tw, args.seconds)
-        print(line("TUI:", own, spy, rss_mean, rss_max))
+        own, spy, rss_mean, rss_max, woken = usage(tw, args.seconds)
+        print(line("TUI:", own, spy, rss_mean, rss_max, woken))
         print(summary("key 'p' to screen, through tmux", key_latency(tmux, args.presses), args.presses))
         print(in_app(timings))
         print(summary("same round trip to cat (tmux alone)", echo_latency(tmux, args.presses), args.presses))
@@ -241,8 +265,8 @@ def main() -> None:
         )
         try:
             time.sleep(args.warmup)
-            own, spy, rss_mean, rss_max = usage(psutil.Process(proc.pid), args.seconds)
-            print(line("headless:", own, spy, rss_mean, rss_max))
+            own, spy, rss_mean, rss_max, woken = usage(psutil.Process(proc.pid), args.seconds)
+            print(line("headless:", own, spy, rss_mean, rss_max, woken))
         finally:
             proc.send_signal(2)
             try:
