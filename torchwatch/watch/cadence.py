@@ -61,13 +61,11 @@ CONFIDENCE_DROP = 0.10
 def until_tick(now: float, interval: float) -> float:
     """Seconds from ``now`` to the next multiple of ``interval`` on the same clock.
 
-    Every sampler and the analysis sleep to a multiple of its own interval, and the intervals of
-    a cadence divide one another (0.1 / 0.5 / 1 s fast, 0.2 / 1 / 2 s steady), so their wake-ups
-    fall on the same instants: one burst of torchwatch's threads every tick instead of one per
-    sampler, each at its own phase. On a machine whose cores the training fills, every wake-up
-    takes a core from a training thread; a loop whose intra-op threads meet at a barrier then
-    waits for the one that lost its core, so fewer wake-ups cost it less than fewer CPU-seconds
-    alone would say.
+    Every source and the rules are read on a multiple of their own interval, and the intervals of
+    a cadence divide one another (0.1 / 0.5 / 1 s fast, 0.2 / 1 / 2 s steady), so the reads due
+    at one instant are done in one wake-up of torchwatch, not one each at its own phase. On a
+    machine whose cores the training fills, each wake-up takes a core from a training thread for
+    a moment, however little CPU it then uses.
 
     A wake-up a little early (a timer's slack) or late still counts as the tick it was meant for:
     the next tick is the one after the nearest, at least half an interval away.
