@@ -291,12 +291,46 @@ def test_stop_signals_are_recorded_then_restored() -> None:
     before = signal.getsignal(signal.SIGTERM)
     with StopSignals() as stops:
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stops.arrived.wait(5)
+        assert stops.wait(5)
         assert stops.received == [signal.SIGTERM] and stops.first == signal.SIGTERM
         # and the descriptor a loop sleeping in select() wakes on
         assert stops.wake_fd is not None and select.select([stops.wake_fd], [], [], 5)[0]
     assert signal.getsignal(signal.SIGTERM) is before
     assert stops.wake_fd is None  # closed with the handlers
+
+
+_WAITING_LOOP = """
+import sys, time
+from torchwatch.watch.lifecycle import StopSignals
+with StopSignals() as stops:
+    print("ready", flush=True)
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        stops.wait(0.0002)  # the headless and serve loops' wait, short so that signals land in it
+    print(len(stops.received), flush=True)
+"""
+
+
+def test_stop_signals_landing_in_the_watch_loops_wait_never_block_it() -> None:
+    """A burst of SIGTERMs while the main thread sleeps in ``StopSignals.wait`` again and again:
+    the loop still ends on time and counts them. The handler used to set a threading.Event,
+    whose lock the same thread holds inside ``Event.wait``: a signal landing there blocked
+    torchwatch for ever (seen as an ``attach`` that never ended on SIGTERM)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WAITING_LOOP, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for _ in range(400):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert 1 <= int(out) <= 400  # signals sent while one is pending are merged into it
 
 
 def test_a_wait_for_the_training_ends_at_its_exit_or_when_woken() -> None:

@@ -486,7 +486,7 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
         if child is not None:
             child.wait(wait, wake_fd=stops.wake_fd)
         else:
-            stops.arrived.wait(wait)
+            stops.wait(wait)
 
 
 def _emit(text: str, stream: TextIO, fatal: bool = True) -> bool:

@@ -185,7 +185,7 @@ def serve_command(
                         print(f"PID {pid}: {status_line(obs, elapsed)}", file=sys.stderr)
                         last_status[pid] = now
             remaining = scan_s if duration is None else min(scan_s, max(0.0, duration - (time.monotonic() - start)))
-            stops.arrived.wait(remaining)
+            stops.wait(remaining)
     finally:
         fleet.stop()
         if server is not None:

@@ -282,14 +282,18 @@ class StopSignals:
     A signal torchwatch was started with as ignored (``nohup`` ignores SIGHUP) stays ignored.
     Used as a context manager; the previous handlers come back on exit.
 
+    The handler only appends to a list and writes a byte to a pipe: it takes no lock. Python runs
+    a handler in the main thread between two bytecodes, and the main thread is the one that waits
+    for the signal; a handler that set a ``threading.Event`` would take the Event's lock, which
+    that same thread holds for a few bytecodes of every ``Event.wait`` (not reentrant): a stop
+    signal landing there blocked torchwatch for ever, so a scheduler's SIGTERM got no report.
+
     Attributes:
         received: the signals received, in order.
-        arrived: set by the first signal (the watch loop sleeps on it).
     """
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self.arrived = threading.Event()
         self._previous: dict[int, Handler] = {}
         self._wake: tuple[int, int] | None = None
 
@@ -305,10 +309,25 @@ class StopSignals:
         """The first stop signal received, or ``None``."""
         return self.received[0] if self.received else None
 
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` s, less once a stop signal arrives; whether one has arrived.
+
+        Sleeps in ``select`` on :attr:`wake_fd` (not read, so every later wait returns at once
+        too); before :meth:`install` or off the main thread (no pipe), a plain sleep.
+        """
+        if self.received:
+            return True
+        if self._wake is None:
+            time.sleep(max(0.0, timeout))
+        else:
+            with contextlib.suppress(OSError, ValueError):  # closed by restore() meanwhile
+                select.select([self._wake[0]], [], [], max(0.0, timeout))
+        return bool(self.received)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        # no logging here: a handler may run inside a logging call, whose lock it would take again
+        # No lock may be taken here (see the class): no logging (a handler may run inside a
+        # logging call, whose lock it would take again), no threading.Event.
         self.received.append(signum)
-        self.arrived.set()
         if self._wake is not None:
             with contextlib.suppress(OSError):  # full (a byte is already there) or closed
                 os.write(self._wake[1], b"\0")
