@@ -71,3 +71,18 @@ def python_children_of(pid: int) -> list[int]:
 @pytest.fixture
 def demo_env() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="session")
+def dataloader_demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Watched, Watched, Path, Path]:
+    """``dataloader_bound`` watched for 20 s plain and with ``--relieve``, once for the whole
+    session: the label tests (test_demos) and ``torchwatch compare`` (test_operations) read the same
+    two runs instead of each watching its own (40 s saved). Returns both results and both JSON
+    report paths (plain, relieved)."""
+    tmp = tmp_path_factory.mktemp("dataloader_demo")
+    plain = watch_demo(tmp, "dataloader_bound")
+    first = next(tmp.glob("dataloader_bound-*.json"), None)
+    relieved = watch_demo(tmp, "dataloader_bound", "--relieve")
+    second = next((x for x in tmp.glob("dataloader_bound-*.json") if x != first), None)
+    assert first is not None and second is not None, (plain.stderr[-2000:], relieved.stderr[-2000:])
+    return plain, relieved, first, second

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import watch_demo
+from tests.integration.conftest import Watched, watch_demo
 
 pytestmark = pytest.mark.integration
 
@@ -17,9 +17,17 @@ CASES = [
 ]
 
 
+def _watched(request: pytest.FixtureRequest, tmp_path: Path, demo: str, *args: str) -> Watched:
+    """``demo`` watched for 20 s; dataloader_bound's two runs are shared with test_operations."""
+    if demo == "dataloader_bound":
+        runs: tuple[Watched, Watched, Path, Path] = request.getfixturevalue("dataloader_demo_runs")
+        return runs[1] if "--relieve" in args else runs[0]
+    return watch_demo(tmp_path, demo, *args)
+
+
 @pytest.mark.parametrize(("demo", "label"), CASES)
-def test_demo_gets_its_label(tmp_path: Path, demo: str, label: str) -> None:
-    result = watch_demo(tmp_path, demo)
+def test_demo_gets_its_label(request: pytest.FixtureRequest, tmp_path: Path, demo: str, label: str) -> None:
+    result = _watched(request, tmp_path, demo)
     assert result.report is not None, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.report["verdict"]["label"] == label, result.stdout
@@ -34,8 +42,8 @@ def test_demo_gets_its_label(tmp_path: Path, demo: str, label: str) -> None:
 
 
 @pytest.mark.parametrize(("demo", "label"), CASES)
-def test_relieved_demo_changes_label(tmp_path: Path, demo: str, label: str) -> None:
-    result = watch_demo(tmp_path, demo, "--relieve")
+def test_relieved_demo_changes_label(request: pytest.FixtureRequest, tmp_path: Path, demo: str, label: str) -> None:
+    result = _watched(request, tmp_path, demo, "--relieve")
     assert result.report is not None, result.stderr[-2000:]
     assert result.report["verdict"]["label"] != label, result.stdout
 

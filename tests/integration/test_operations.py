@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, torchwatch, watch_demo
+from tests.integration.conftest import REPO, Watched, torchwatch
 
 pytestmark = pytest.mark.integration
 
@@ -152,11 +152,11 @@ def test_prometheus_scrapes_the_step_time_of_every_rank(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "report.json").read_text())["ended_by"] == "SIGTERM"
 
 
-def test_compare_plain_and_relieved_dataloader_demo(tmp_path: Path) -> None:
-    plain = watch_demo(tmp_path, "dataloader_bound", duration=30.0)
-    relieved = watch_demo(tmp_path, "dataloader_bound", "--relieve", duration=30.0)
-    reports = sorted(tmp_path.glob("dataloader_bound-*.json"))
-    assert plain.report is not None and relieved.report is not None and len(reports) == 2
+def test_compare_plain_and_relieved_dataloader_demo(
+    dataloader_demo_runs: tuple[Watched, Watched, Path, Path],
+) -> None:
+    plain, relieved, *reports = dataloader_demo_runs  # the same two runs as test_demos' label tests
+    assert plain.report is not None and relieved.report is not None
     result = torchwatch("compare", str(reports[0]), str(reports[1]))
     assert result.code == 0, result.stderr
     print(result.stdout)  # the figure for the record (pytest -s)
