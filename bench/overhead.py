@@ -31,6 +31,22 @@ drift of the machine during the pair cancels to first order):
 
     python bench/overhead.py --within-run --pairs 5 --steady-window 30 --threads 1,default \
         --demos cpu_bound,dataloader_bound
+
+With ``--toggle`` there is one attach for the whole run: once it went steady, the bench freezes
+torchwatch's own session (SIGSTOP: torchwatch and its py-spy children; the training is never
+signalled) for each alone window and resumes it (SIGCONT) for each watched one. Nothing starts
+or settles between windows, so every second is measured and windows can be short, which matters
+because the demo's own speed drifts: in a 460 s stretch of dataloader_bound alone (default
+threads, the hook loaded), the ratio of one window to the mean of the two around it, all three
+alone, had an SD of 0.079 for 30 s windows, 0.053 for 10 s and 0.064 for 5 s: an hour of 10 s
+pairs gives a standard error of 0.004, an hour of the 30 s pairs above 0.010. The attach runs
+with a verdict window of 3 W (at least 10 s), so that after a resume its window still holds
+readings and the cadence stays steady; each watched window also counts what torchwatch does just
+after a resume (its next tick, py-spy's next sample). Both err against torchwatch:
+
+    python bench/overhead.py --within-run --toggle --pairs 130 --steady-window 10 --threads default \
+        --demos dataloader_bound      # 45 min; with windows under 30 s it also prints them grouped
+                                      # into pairs of 30 s or more watched
 """
 
 from __future__ import annotations
@@ -229,6 +245,126 @@ def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[
     return rows
 
 
+def _session_cpu_s(sid: int) -> float:
+    """CPU seconds of every process in session ``sid`` (torchwatch and its py-spy children), the
+    children it already reaped included (``cutime``, ``cstime`` of /proc/PID/stat)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = (Path("/proc") / entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid:  # field 6 of stat: the session
+            total += sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
+def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> list[dict[str, Any]]:
+    """``pairs`` watched windows in one run of ``demo`` and one ``torchwatch attach``: once the
+    attach went steady, the bench alternates W s with torchwatch frozen (SIGSTOP to its own
+    session: torchwatch and its py-spy children, never the training) and W s running (SIGCONT):
+    A B A B ... A. Nothing is started or settled between windows, so every second of the run
+    is measured, and a window can be short. Each B window's ratio is taken against the mean of
+    the A windows just before and after it; torchwatch's CPU is counted over the B windows only
+    (% of one core), and the share of each B window it spent steady comes from its report."""
+    import signal
+
+    sys.path.insert(0, str(REPO))
+    from torchwatch.watch.lifecycle import hook_env
+
+    settle = SETTLE_MAX_S + 5.0
+    # A verdict window of 3 W: after a resume it still holds W to 2 W of readings, so the verdict
+    # does not go back to collecting evidence (an empty 10 s window would) and the cadence stays
+    # steady. A longer window costs the analysis more, so this errs against torchwatch too.
+    verdict_window = max(10.0, 3 * window)
+    total = 20.0 + settle + (2 * pairs + 1) * window + 10.0
+    attach_s = total + 30.0  # the bench stops it (SIGTERM) after the last window
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = Path(tmp) / "steps.bin"
+        script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(total)]
+        env = {**hook_env(), **{k: v for k, v in _env(threads).items() if k.endswith("_NUM_THREADS")}}
+        if threads == "default":
+            env.pop("OMP_NUM_THREADS", None)
+            env.pop("MKL_NUM_THREADS", None)
+        demo_log = (Path(tmp) / "demo.log").open("w")  # a file: an hour of progress lines would fill a pipe
+        target = subprocess.Popen(
+            [sys.executable, str(REPO / "bench" / "_stepclock.py"), str(clock), *script],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=demo_log,
+        )  # fmt: skip
+        out = Path(tmp) / "report.json"
+        watch = None
+        try:
+            time.sleep(20.0)  # imports, the first steps, the first epoch's warm-up
+            started = time.monotonic()
+            log = (Path(tmp) / "attach.log").open("w")
+            watch = subprocess.Popen(
+                [sys.executable, "-m", "torchwatch", "attach", "--headless", "--duration", str(attach_s),
+                 "--window", str(verdict_window), "--json", str(out), str(target.pid)],
+                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, env=_env(threads), start_new_session=True,
+            )  # fmt: skip
+            time.sleep(settle)
+            spans: list[tuple[str, float, float, float]] = []  # arm, start, end, torchwatch CPU s in it
+            for i in range(2 * pairs + 1):
+                arm = "A" if i % 2 == 0 else "B"
+                if arm == "A":
+                    os.killpg(watch.pid, signal.SIGSTOP)
+                cpu0, a = _session_cpu_s(watch.pid), time.monotonic()
+                time.sleep(window)
+                b, cpu1 = time.monotonic(), _session_cpu_s(watch.pid)
+                if arm == "A":
+                    os.killpg(watch.pid, signal.SIGCONT)
+                spans.append((arm, a, b, cpu1 - cpu0))
+            watch.terminate()  # the report is written on SIGTERM
+            try:
+                watch.wait(timeout=60)
+                report = json.loads(out.read_text())
+            except (subprocess.TimeoutExpired, OSError, ValueError) as e:  # keep the windows measured
+                tail_log = (Path(tmp) / "attach.log").read_text()[-1500:]
+                print(f"bench/overhead.py: no report from the attach ({e}); its log ends: {tail_log}", file=sys.stderr)
+                report = {}
+            target.wait(timeout=total + 60)
+            err = (Path(tmp) / "demo.log").read_text()
+        finally:
+            for proc in (watch, target):
+                if proc is not None and proc.poll() is None:
+                    if proc is watch:
+                        os.killpg(proc.pid, signal.SIGKILL)  # torchwatch and its py-spy children
+                    else:
+                        proc.kill()
+                    proc.wait()
+        if target.returncode != 0:
+            raise SystemExit(f"bench/overhead.py: the demo failed: {err.strip()[-300:]}")
+        times = array.array("d")
+        times.frombytes(clock.read_bytes())
+        stamps = list(times)
+    for i in range(1, len(spans), 2):
+        _, a, b, cpu = spans[i]
+        before = _rate_between(stamps, *spans[i - 1][1:3])
+        after = _rate_between(stamps, *spans[i + 1][1:3])
+        rate = _rate_between(stamps, a, b)
+        base = (before + after) / 2
+        rows.append(
+            {
+                "alone": base,
+                "alone_before": before,
+                "alone_after": after,
+                "watched": rate,
+                "ratio": rate / base if base else 0.0,
+                "cpu_pct": 100 * cpu / (b - a),
+                "frozen_cpu_pct": 100 * spans[i - 1][3] / (spans[i - 1][2] - spans[i - 1][1]),
+                "sampling_changes": (report.get("sampling") or {}).get("changes") or [],
+                "steady_share": steady_share(report, a - started, b - started),
+                "window": (round(a - started, 1), round(b - started, 1)),
+            }
+        )
+    return rows
+
+
 def _rate_between(stamps: list[float], a: float, b: float) -> float:
     """Steps/s between monotonic times ``a`` and ``b``: the steps in it over their span."""
     inside = [t for t in stamps if a <= t <= b]
@@ -243,11 +379,16 @@ def main() -> int:
     parser.add_argument("--threads", default="default", help="comma-separated: default and/or a thread count")
     parser.add_argument("--steady-window", type=float, metavar="S", help="steps/s over S s of steady state")
     parser.add_argument("--within-run", action="store_true", help="alone and watched windows in one run (A B A ... A)")
+    parser.add_argument(
+        "--toggle", action="store_true", help="with --within-run: one attach, frozen and resumed every window"
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     window = args.steady_window
     if args.within_run and not window:
         parser.error("--within-run needs --steady-window S")
+    if args.toggle and not args.within_run:
+        parser.error("--toggle needs --within-run")
     seconds = args.seconds or (16.0 + window if window else 20.0)
     what = f"steady-state window of {window:g} s" if window else "whole runs"
     if args.within_run:
@@ -264,7 +405,8 @@ def main() -> int:
         for threads in args.threads.split(","):
             if args.within_run:
                 assert window is not None
-                pairs = within_run(demo, threads, args.pairs, window)
+                run_pairs = within_run_toggle if args.toggle else within_run
+                pairs = run_pairs(demo, threads, args.pairs, window)
             else:
                 pairs = [pair(demo, seconds, threads, window) for _ in range(args.pairs)]
             ratios = [p["ratio"] for p in pairs]
@@ -298,7 +440,23 @@ def main() -> int:
                 print(f"{'':25s} steady share of the window: {shares}; windows (s after {since}): {spans}")
                 if args.within_run:
                     around = " ".join(f"{p['alone_before']:.2f}/{p['alone_after']:.2f}" for p in pairs)
-                    print(f"{'':25s} alone before/after each window (steps/s): {around}; tw CPU: whole attach")
+                    cpu_of = "the watched windows" if args.toggle else "whole attach"
+                    print(f"{'':25s} alone before/after each window (steps/s): {around}; tw CPU: {cpu_of}")
+                if args.toggle and window < 30 and len(pairs) >= 2:
+                    # the acceptance's pairs are of >= 30 s: consecutive windows taken together,
+                    # each group 30 s or more watched against the alone windows interleaved with it
+                    k = -(-30 // int(window))
+                    groups = [statistics.mean(r for r in ratios[i : i + k]) for i in range(0, len(ratios) - k + 1, k)]
+                    row["groups"] = groups
+                    g_se = statistics.stdev(groups) / len(groups) ** 0.5 if len(groups) > 1 else 0.0
+                    print(
+                        f"{'':25s} {len(groups)} pairs of {k * window:g} s watched ({k} windows each): median "
+                        f"{statistics.median(groups):.3f}, spread {min(groups):.3f}-{max(groups):.3f}, mean "
+                        f"{statistics.mean(groups):.3f} +- {g_se:.3f} (standard error)"
+                    )
+                if args.toggle:
+                    frozen = max(p["frozen_cpu_pct"] for p in pairs)
+                    print(f"{'':25s} torchwatch's CPU while frozen: at most {frozen:.2f} % of one core")
             if args.json:  # after every row: a long run stopped early keeps what it measured
                 Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
