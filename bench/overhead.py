@@ -168,27 +168,35 @@ def pair(demo: str, seconds: float, threads: str, window: float | None) -> dict[
 SETTLE_MAX_S = 20.0  # the cadence settles ~10-11 s after attach; past 20 s the window is taken at the end
 
 
+def _hooked_demo(demo: str, threads: str, seconds: float, tmp: Path, stderr: Any) -> tuple[subprocess.Popen[str], Path]:
+    """``demo`` started for ``seconds`` with the hook pre-loaded (as ``torchwatch run`` loads it)
+    under ``bench/_stepclock.py``; the process and the file its step times go to at exit.
+    ``stderr``: ``subprocess.PIPE`` or an open file."""
+    sys.path.insert(0, str(REPO))
+    from torchwatch.watch.lifecycle import hook_env
+
+    clock = tmp / "steps.bin"
+    script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(seconds)]
+    env = {**hook_env(), **{k: v for k, v in _env(threads).items() if k.endswith("_NUM_THREADS")}}
+    if threads == "default":
+        env.pop("OMP_NUM_THREADS", None)
+        env.pop("MKL_NUM_THREADS", None)
+    target = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "_stepclock.py"), str(clock), *script],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+    )  # fmt: skip
+    return target, clock
+
+
 def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[str, Any]]:
     """``pairs`` watched windows in one run of ``demo`` (see the module docstring): for each, the
     steps/s alone before and after it, watched, the ratio, torchwatch's CPU (% of one core, the
     whole attach) and the share of the window it spent steady."""
-    sys.path.insert(0, str(REPO))
-    from torchwatch.watch.lifecycle import hook_env
-
     attach_s = SETTLE_MAX_S + window + 2.0
     total = 20.0 + pairs * (window + attach_s + 3.0) + window + 15.0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        clock = Path(tmp) / "steps.bin"
-        script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(total)]
-        env = {**hook_env(), **{k: v for k, v in _env(threads).items() if k.endswith("_NUM_THREADS")}}
-        if threads == "default":
-            env.pop("OMP_NUM_THREADS", None)
-            env.pop("MKL_NUM_THREADS", None)
-        target = subprocess.Popen(
-            [sys.executable, str(REPO / "bench" / "_stepclock.py"), str(clock), *script],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        target, clock = _hooked_demo(demo, threads, total, Path(tmp), subprocess.PIPE)
         try:
             time.sleep(20.0)  # imports, the first steps, the first epoch's warm-up
             alone: list[tuple[float, float]] = []
@@ -213,11 +221,7 @@ def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[
             if target.poll() is None:
                 target.kill()
                 target.wait()
-        if target.returncode != 0:
-            raise SystemExit(f"bench/overhead.py: the demo failed: {err.strip()[-300:]}")
-        times = array.array("d")
-        times.frombytes(clock.read_bytes())
-        stamps = list(times)
+        stamps = _demo_stamps(target, err, clock)
     for i, report in enumerate(watched):
         hook = report.get("hook") or {}
         first = hook.get("first_step_after_s")
@@ -227,16 +231,9 @@ def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[
             t_steady = attach_s - window - 1.0  # never settled: the last window of the attach
         w0 = (started or alone[i][1]) + t_steady + 1.0
         rate = _rate_between(stamps, w0, w0 + window)
-        before = _rate_between(stamps, *alone[i])
-        after = _rate_between(stamps, *alone[i + 1])
-        base = (before + after) / 2
         rows.append(
             {
-                "alone": base,
-                "alone_before": before,
-                "alone_after": after,
-                "watched": rate,
-                "ratio": rate / base if base else 0.0,
+                **_pair(stamps, alone[i], alone[i + 1], rate),
                 "cpu_pct": float(report["self"]["cpu_pct_of_core"]),
                 "steady_share": steady_share(report, t_steady + 1.0, t_steady + 1.0 + window),
                 "window": (round(t_steady + 1.0, 1), round(t_steady + 1.0 + window, 1)),
@@ -273,9 +270,6 @@ def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> lis
     (% of one core), and the share of each B window it spent steady comes from its report."""
     import signal
 
-    sys.path.insert(0, str(REPO))
-    from torchwatch.watch.lifecycle import hook_env
-
     settle = SETTLE_MAX_S + 5.0
     # A verdict window of 3 W: after a resume it still holds W to 2 W of readings, so the verdict
     # does not go back to collecting evidence (an empty 10 s window would) and the cadence stays
@@ -285,17 +279,8 @@ def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> lis
     attach_s = total + 30.0  # the bench stops it (SIGTERM) after the last window
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        clock = Path(tmp) / "steps.bin"
-        script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(total)]
-        env = {**hook_env(), **{k: v for k, v in _env(threads).items() if k.endswith("_NUM_THREADS")}}
-        if threads == "default":
-            env.pop("OMP_NUM_THREADS", None)
-            env.pop("MKL_NUM_THREADS", None)
         demo_log = (Path(tmp) / "demo.log").open("w")  # a file: an hour of progress lines would fill a pipe
-        target = subprocess.Popen(
-            [sys.executable, str(REPO / "bench" / "_stepclock.py"), str(clock), *script],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=demo_log,
-        )  # fmt: skip
+        target, clock = _hooked_demo(demo, threads, total, Path(tmp), demo_log)
         out = Path(tmp) / "report.json"
         watch = None
         try:
@@ -330,31 +315,18 @@ def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> lis
             target.wait(timeout=total + 60)
             err = (Path(tmp) / "demo.log").read_text()
         finally:
-            for proc in (watch, target):
-                if proc is not None and proc.poll() is None:
-                    if proc is watch:
-                        os.killpg(proc.pid, signal.SIGKILL)  # torchwatch and its py-spy children
-                    else:
-                        proc.kill()
-                    proc.wait()
-        if target.returncode != 0:
-            raise SystemExit(f"bench/overhead.py: the demo failed: {err.strip()[-300:]}")
-        times = array.array("d")
-        times.frombytes(clock.read_bytes())
-        stamps = list(times)
+            if watch is not None and watch.poll() is None:
+                os.killpg(watch.pid, signal.SIGKILL)  # torchwatch and its py-spy children
+                watch.wait()
+            if target.poll() is None:
+                target.kill()
+                target.wait()
+        stamps = _demo_stamps(target, err, clock)
     for i in range(1, len(spans), 2):
         _, a, b, cpu = spans[i]
-        before = _rate_between(stamps, *spans[i - 1][1:3])
-        after = _rate_between(stamps, *spans[i + 1][1:3])
-        rate = _rate_between(stamps, a, b)
-        base = (before + after) / 2
         rows.append(
             {
-                "alone": base,
-                "alone_before": before,
-                "alone_after": after,
-                "watched": rate,
-                "ratio": rate / base if base else 0.0,
+                **_pair(stamps, spans[i - 1][1:3], spans[i + 1][1:3], _rate_between(stamps, a, b)),
                 "cpu_pct": 100 * cpu / (b - a),
                 "frozen_cpu_pct": 100 * spans[i - 1][3] / (spans[i - 1][2] - spans[i - 1][1]),
                 "sampling_changes": (report.get("sampling") or {}).get("changes") or [],
@@ -363,6 +335,33 @@ def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> lis
             }
         )
     return rows
+
+
+def _demo_stamps(target: subprocess.Popen[str], err: str, clock: Path) -> list[float]:
+    """Every optimizer step's monotonic time of a demo that ended (``_hooked_demo``).
+
+    Raises:
+        SystemExit: the demo failed (the end of its stderr ``err`` says how).
+    """
+    if target.returncode != 0:
+        raise SystemExit(f"bench/overhead.py: the demo failed: {err.strip()[-300:]}")
+    times = array.array("d")
+    times.frombytes(clock.read_bytes())
+    return list(times)
+
+
+def _pair(stamps: list[float], before: tuple[float, ...], after: tuple[float, ...], watched: float) -> dict[str, float]:
+    """One watched window against the alone windows around it: ``before`` and ``after`` are
+    (start, end) monotonic s; the steps/s alone (their mean), each, watched, and the ratio."""
+    a, b = _rate_between(stamps, *before), _rate_between(stamps, *after)
+    base = (a + b) / 2
+    return {
+        "alone": base,
+        "alone_before": a,
+        "alone_after": b,
+        "watched": watched,
+        "ratio": watched / base if base else 0.0,
+    }
 
 
 def _rate_between(stamps: list[float], a: float, b: float) -> float:
