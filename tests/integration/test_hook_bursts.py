@@ -61,11 +61,6 @@ def test_burst_on_the_dataloader_demo_agrees_with_the_always_on_measurements(tmp
         b = torchwatch("burst", str(pid), "--json", str(burst_json), "--wait", "60", timeout=90)
         assert b.code == 0, b.stderr
         summary = json.loads(burst_json.read_text())
-        # The burst is done and summarised: once torchwatch has read it (its hook files are read
-        # at least once a second), a stop signal ends the watch and the training with the report
-        # written, instead of waiting for the rest of the 45 s.
-        time.sleep(3.0)
-        proc.send_signal(signal.SIGINT)
         stdout, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -78,7 +73,6 @@ def test_burst_on_the_dataloader_demo_agrees_with_the_always_on_measurements(tmp
     measured = sum(summary["measured_step_ms"]) / len(summary["measured_step_ms"])
     assert sum(summary["breakdown_ms"].values()) == pytest.approx(measured, rel=0.05)
     report = json.loads(out.read_text())
-    assert report["ended_by"] == "SIGINT"  # the report is written on the stop
     hook = report["hook"]
     assert hook["steps"] > 5 and hook["steps_per_s"] > 0
     assert hook["dataloader"]["num_workers"] == 0 and hook["dataloader"]["batch_size"] == 32
