@@ -15,6 +15,7 @@ from textual.widgets import Log, Static, TabbedContent
 from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_session
 from torchwatch.faces import report
 from torchwatch.faces.tui.app import WatchApp
+from torchwatch.faces.tui.messages import LogRead, ObservationRead
 from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
 from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
 from torchwatch.hook import wire
@@ -377,6 +378,22 @@ def test_question_mark_lists_every_binding() -> None:
         assert not isinstance(app.screen, HelpScreen)
 
     run(recorded_session(), check)
+
+
+def test_an_observation_or_log_lines_arriving_while_the_app_shuts_down_are_dropped() -> None:
+    """The reader thread is joined in on_unmount, after Textual has removed the panels: what it
+    posted meanwhile must not raise NoMatches (a CI run failed that way once)."""
+    session = recorded_session()
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app.observation is not None
+
+    app = run(session, check)
+    assert not app.is_running and not app.default_screen.query(FindingsList)
+    late = session.observe()
+    app.on_observation_read(ObservationRead(late))
+    app.on_log_read(LogRead(["demo: step 3"]))
+    assert app.observation is not late
 
 
 def test_log_pane_tails_the_training_output(tmp_path: Path) -> None:

@@ -232,8 +232,13 @@ class WatchApp(App[None]):
         self._show(self.watched.observe())
 
     def on_observation_read(self, message: ObservationRead) -> None:
-        """A new Observation: draw it, or keep it for later while paused."""
-        self._show(message.observation)
+        """A new Observation: draw it, or keep it for later while paused.
+
+        Dropped once the app is shutting down: Textual removes the screens' widgets before
+        ``on_unmount`` joins the reader thread, so a late Observation finds no panel to draw on.
+        """
+        if self.is_running:
+            self._show(message.observation)
 
     def _show(self, obs: Observation) -> None:
         if self.paused:
@@ -242,7 +247,9 @@ class WatchApp(App[None]):
             self.observation = obs
 
     def on_log_read(self, message: LogRead) -> None:
-        """New lines of the training's output (held while paused)."""
+        """New lines of the training's output (held while paused; dropped once shutting down)."""
+        if not self.is_running:
+            return
         if self.paused:
             self._held_lines.extend(message.lines)
         else:
