@@ -356,9 +356,22 @@ def test_hold_and_release_hysteresis() -> None:
     assert ids(d.evaluate(off, 4.5)) == {"storage-wait"}
     assert ids(d.evaluate(on, 5.0)) == {"storage-wait"}
     assert ids(d.evaluate(off, 6.0)) == {"storage-wait"}
-    assert ids(d.evaluate(off, 7.9)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 7.7)) == {"storage-wait"}
     # false for `for` seconds releases it
     assert ids(d.evaluate(off, 8.0)) == set()
+
+
+def test_a_hold_is_met_at_the_evaluation_for_seconds_later_on_the_grid_despite_jitter() -> None:
+    """Evaluations 1 s apart on the grid, the first 3 ms late: the third, 1.997 s after the first,
+    fires a rule with `for = 2` (it waited a whole second more before HOLD_SLACK_S)."""
+    d = Diagnoser([RULES["storage-wait"]])
+    on, off = features(storage_wait_share=0.5), features(storage_wait_share=0.0)
+    assert ids(d.evaluate(on, 10.003)) == set()
+    assert ids(d.evaluate(on, 11.001)) == set()
+    assert ids(d.evaluate(on, 12.0)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 13.002)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 14.0)) == {"storage-wait"}
+    assert ids(d.evaluate(off, 15.0)) == set()
 
 
 def test_flapping_condition_never_fires() -> None:
