@@ -10,9 +10,10 @@ samples behind the stack and thread shares (full at 3 s of data), and ``dominanc
 ``measure / max(measure of any deciding finding)`` (lower when a later label explains more).
 
 Stability: a rule's condition must hold for its ``for`` seconds (less :data:`HOLD_SLACK_S`, the
-evaluations' jitter on their grid) before it fires, and be false for as long before it stops firing (hold and release), so a steady run does not flap. While a
-rule of a higher-priority label holds but has not fired yet, a lower label is not announced:
-the previous verdict stays (no "dataloader-bound for one second, then io-bound" at start).
+evaluations' jitter on their grid) before it fires, and be false for as long before it stops
+firing (hold and release), so a steady run does not flap. While a rule of a higher-priority label
+holds but has not fired yet, a lower label is not announced: the previous verdict stays (no
+"dataloader-bound for one second, then io-bound" at start).
 """
 
 from __future__ import annotations
