@@ -71,20 +71,23 @@ def _takes_o_direct(directory: str) -> bool:
             os.unlink(probe)
 
 
-def data_file() -> str:
-    """Path of the data file, created (random bytes, atomically) if missing."""
-    usable = []
+def _data_dir() -> str:
+    """The first candidate directory that takes O_DIRECT, else the first one that could be made."""
+    made = []
     for directory in _dirs():
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError:
             continue
-        usable.append(directory)
         if _takes_o_direct(directory):
-            break
-    else:
-        usable = usable[:1] or _dirs()[:1]
-    path = os.path.join(usable[-1], "io_bound.bin")
+            return directory
+        made.append(directory)
+    return made[0] if made else _dirs()[0]
+
+
+def data_file() -> str:
+    """Path of the data file, created (random bytes, atomically) if missing."""
+    path = os.path.join(_data_dir(), "io_bound.bin")
     if os.path.exists(path) and os.path.getsize(path) == FILE_SIZE:
         return path
     _common.say(NAME, f"creating {FILE_SIZE >> 20} MiB data file {path}")
