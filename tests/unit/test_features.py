@@ -433,6 +433,61 @@ def test_run_queue_wait_of_the_loop() -> None:
     )
 
 
+def _counted(samples: list[ThreadSample], busy_per_s: float) -> list[ThreadSample]:
+    """``samples`` with scheduler counters growing ``busy_per_s`` s per s, 2/3 on a CPU, 1/3 queued."""
+    return [
+        dataclasses.replace(s, run_s=5.0 + s.t * busy_per_s * 2 / 3, runq_s=1.0 + s.t * busy_per_s / 3)
+        for s in samples
+    ]
+
+
+def _interleaved(**waits: int) -> list[ThreadSample]:
+    """Main-thread samples at 0.1 s whose waits alternate (a periodic loop), not in runs."""
+    kinds = [name for name, n in waits.items() for _ in range(n)]
+    kinds = [kinds[(i * 7) % len(kinds)] for i in range(len(kinds))]
+    return [
+        ThreadSample(
+            t=i * 0.1,
+            pid=MAIN,
+            tid=MAIN,
+            role=Role.MAIN,
+            is_main_thread=True,
+            state={"RUNNING": "R", "DISK": "D"}.get(k, "S"),
+            wait=Wait[k],
+        )
+        for i, k in enumerate(kinds)
+    ]
+
+
+def test_the_loop_running_share_comes_from_its_scheduler_counters_not_its_state_letters() -> None:
+    """Letters read R 40 % of the time (reads in phase with a loop busy 15 %); the counters say 15 %,
+    and the waits share the other 85 % as their letters do (half sleep, half disk)."""
+    samples = _counted(_interleaved(RUNNING=40, SLEEP=30, DISK=30), busy_per_s=0.15)
+    f = compute(Window(0.0, 10.0, threads=samples), MAIN)
+    assert f["main_running_share"] == pytest.approx(0.15, abs=0.005)
+    assert f["main_sleep_share"] == pytest.approx(0.425, abs=0.005)
+    assert f["main_disk_share"] == pytest.approx(0.425, abs=0.005)
+    letters = compute(Window(0.0, 10.0, threads=_interleaved(RUNNING=40, SLEEP=30, DISK=30)), MAIN)
+    assert letters["main_running_share"] == pytest.approx(0.40)  # without counters: the letters
+
+
+def test_busy_time_no_letter_found_waiting_is_other() -> None:
+    f = compute(Window(0.0, 10.0, threads=_counted(_interleaved(RUNNING=100), busy_per_s=0.6)), MAIN)
+    assert f["main_running_share"] == pytest.approx(0.6, abs=0.005)
+    assert f["main_sleep_share"] == 0.0
+
+
+def test_counters_of_several_threads_or_going_back_are_not_used() -> None:
+    """Two processes' main threads in one group, or a TID reused by a younger thread (counters
+    smaller than before): the letters decide."""
+    samples = _counted(_interleaved(RUNNING=40, SLEEP=60), busy_per_s=0.15)
+    reused = samples[:50] + [dataclasses.replace(s, run_s=0.1, runq_s=0.0) for s in samples[50:]]
+    assert compute(Window(0.0, 10.0, threads=reused), MAIN)["main_running_share"] == pytest.approx(0.40)
+    other = [dataclasses.replace(s, pid=MAIN + 1, tid=MAIN + 1) for s in samples[::2]]
+    mixed = sorted(samples[1::2] + other, key=lambda s: s.t)
+    assert compute(Window(0.0, 10.0, threads=mixed), None)["main_running_share"] == pytest.approx(0.40)
+
+
 def disk_sample(
     t: float,
     disk: str | None,

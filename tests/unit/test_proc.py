@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -249,6 +250,19 @@ def test_thread_rounds_read_main_threads_and_every_thread_once_per_all_interval(
         assert {s.tid for s in src.sample(100.96) if isinstance(s, ThreadSample)} >= {os.getpid(), helper.native_id}
     finally:
         stop.set()
+
+
+def test_main_threads_carry_their_scheduler_counters() -> None:
+    """The main thread's on-CPU and run-queue times come from schedstat and grow as it computes."""
+    tree = ProcessTree(os.getpid())
+    src = ThreadStateSource(tree, interval=0.1, all_interval=1.0)
+    (first,) = [s for s in src.sample(100.0) if isinstance(s, ThreadSample) and s.tid == os.getpid()]
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:  # 50 ms on a CPU
+        pass
+    (second,) = [s for s in src.sample(100.1) if isinstance(s, ThreadSample)]
+    assert first.run_s is not None and second.run_s is not None and first.runq_s is not None
+    assert second.run_s - first.run_s >= 0.045
 
 
 def _thread(t: float, tid: int, wait: Wait) -> ThreadSample:

@@ -118,6 +118,8 @@ class ThreadSample:
             from ``utime`` and ``stime``; ``None`` when unreadable.
         runq_s: cumulative time the thread was ready to run but waited for a CPU, s
             (``/proc/PID/task/TID/schedstat``, second field); read for main threads only.
+        run_s: cumulative time the thread ran on a CPU, s (``schedstat``, first field: the
+            scheduler's own nanosecond count, not ticks); read for main threads only.
     """
 
     t: float
@@ -130,6 +132,7 @@ class ThreadSample:
     cpu_s: float | None = None
     sys_s: float | None = None
     runq_s: float | None = None
+    run_s: float | None = None
 
 
 @dataclass(frozen=True)

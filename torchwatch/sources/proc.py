@@ -622,13 +622,14 @@ class ThreadStateSource:
                         fd_target = os.readlink(f"/proc/{pid}/fd/{int(parts[1], 16)}")
                     except (OSError, ValueError):
                         fd_target = None
-        runq_s = None
+        run_s = runq_s = None
         if pid == tid:  # the threads the features read: the loop and each worker's main thread
             try:
                 with open(f"{base}/schedstat", "rb") as f:
-                    runq_s = int(f.read().split()[1]) / 1e9
-            except (OSError, IndexError, ValueError):
-                runq_s = None
+                    on_cpu, queued = f.read().split()[:2]
+                run_s, runq_s = int(on_cpu) / 1e9, int(queued) / 1e9
+            except (OSError, ValueError):
+                run_s = runq_s = None
         return ThreadSample(
             t=now,
             pid=pid,
@@ -640,6 +641,7 @@ class ThreadStateSource:
             cpu_s=cpu_s,
             sys_s=sys_s,
             runq_s=runq_s,
+            run_s=run_s,
         )
 
     def close(self) -> None:
