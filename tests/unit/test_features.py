@@ -436,8 +436,7 @@ def test_run_queue_wait_of_the_loop() -> None:
 def _counted(samples: list[ThreadSample], busy_per_s: float) -> list[ThreadSample]:
     """``samples`` with scheduler counters growing ``busy_per_s`` s per s, 2/3 on a CPU, 1/3 queued."""
     return [
-        dataclasses.replace(s, run_s=5.0 + s.t * busy_per_s * 2 / 3, runq_s=1.0 + s.t * busy_per_s / 3)
-        for s in samples
+        dataclasses.replace(s, run_s=5.0 + s.t * busy_per_s * 2 / 3, runq_s=1.0 + s.t * busy_per_s / 3) for s in samples
     ]
 
 
