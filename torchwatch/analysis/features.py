@@ -310,13 +310,21 @@ def _stack_features(window: Window, main_pid: int | None) -> Features:
     return out
 
 
-def _rate(samples: list[ThreadSample], counter: str) -> float | None:
-    """Growth of one thread's cumulative counter (``sys_s``, ``runq_s``) per second of wall time."""
-    timed = [s for s in samples if getattr(s, counter) is not None]
+def _growth(samples: Sequence[ThreadSample], *counters: str) -> float | None:
+    """Growth of the sum of one thread's cumulative ``counters`` (s) per second of wall time, from
+    the first sample that has them all to the last; ``None`` when those span < 1 s. Not clipped."""
+    timed = [s for s in samples if all(getattr(s, c) is not None for c in counters)]
     if len(timed) < 2 or timed[-1].t - timed[0].t < 1.0:
         return None
-    grown = float(getattr(timed[-1], counter)) - float(getattr(timed[0], counter))
-    return max(0.0, min(1.0, grown / (timed[-1].t - timed[0].t)))
+    first, last = timed[0], timed[-1]
+    grown = sum(float(getattr(last, c)) - float(getattr(first, c)) for c in counters)
+    return grown / (last.t - first.t)
+
+
+def _rate(samples: list[ThreadSample], counter: str) -> float | None:
+    """Growth of one thread's cumulative counter (``sys_s``, ``runq_s``) per second of wall time."""
+    rate = _growth(samples, counter)
+    return None if rate is None else max(0.0, min(1.0, rate))
 
 
 def _io_kernel(sys_share: float | None, disk_share: float) -> float:
@@ -345,15 +353,10 @@ def _busy_share(samples: Sequence[ThreadSample]) -> float | None:
         share in [0, 1]; ``None`` when the samples are of several threads, lack the counters,
         span < 1 s, or the counters went back (another thread behind a reused TID).
     """
-    timed = [(s.t, s.run_s + s.runq_s) for s in samples if s.run_s is not None and s.runq_s is not None]
-    if len(timed) < 2 or timed[-1][0] - timed[0][0] < 1.0:
-        return None
     if len({(s.pid, s.tid) for s in samples}) > 1:
         return None
-    (t0, busy0), (t1, busy1) = timed[0], timed[-1]
-    if busy1 < busy0:
-        return None
-    return min(1.0, (busy1 - busy0) / (t1 - t0))
+    busy = _growth(samples, "run_s", "runq_s")
+    return None if busy is None or busy < 0 else min(1.0, busy)
 
 
 def _state_shares(samples: Sequence[ThreadSample]) -> dict[str, float]:
