@@ -49,9 +49,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchwatch.hook.wire import CATEGORIES, IDLE_PARTS, PHASES  # one home: the wire format both sides share
+from torchwatch.hook.wire import CATEGORIES, IDLE_PARTS, NAME, PHASES  # one home: the wire format both sides share
 
 __all__ = ["CATEGORIES", "IDLE_PARTS", "PHASES", "load_trace", "summarize_trace"]
+
+
+def short_name(name: str, limit: int = NAME) -> str:
+    """``name`` in at most ``limit`` characters, for the summary's op and kernel lists.
+
+    CUDA kernel names are demangled C++ signatures: on an H200 (torch 2.11, 2026-11-26) a third of a
+    gpu_bound step's distinct kernel names were over 256 characters, the longest 3,009 (templates and
+    argument lists spelled out twice). Kept whole, such a name fails the wire format's name limit
+    and the burst's whole summary with it. The leading ``void`` and every ``(anonymous namespace)::``
+    go first; a name still too long is cut, ending in ``…``.
+    """
+    if len(name) <= limit:
+        return name
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    return name if len(name) <= limit else name[: max(0, limit - 1)] + "…"
+
 
 SHORT_KERNEL_US = 10.0
 """A kernel shorter than this (µs) counts as short in ``short_kernel_share`` (HTA flags < 50 µs)."""
@@ -656,9 +672,12 @@ def summarize_trace(trace: dict[str, Any], top: int = 10) -> dict[str, Any]:
         "gpu_idle_split_share": idle_split_share,
         "kernel_share_per_step": kernel_share_per_step,
         "pageable_h2d": pageable,
-        "top_cpu_ops": [{"name": k, "self_ms": _ratio(self_ns[k], _NS_PER_MS), "calls": op_calls[k]} for k in top_ops],
+        "top_cpu_ops": [
+            {"name": short_name(k), "self_ms": _ratio(self_ns[k], _NS_PER_MS), "calls": op_calls[k]} for k in top_ops
+        ],
         "top_kernels": [
-            {"name": k, "total_ms": _ratio(kernel_ns[k], _NS_PER_MS), "calls": kernel_calls[k]} for k in top_kernels
+            {"name": short_name(k), "total_ms": _ratio(kernel_ns[k], _NS_PER_MS), "calls": kernel_calls[k]}
+            for k in top_kernels
         ],
         "cpu_ops_per_step": _ratio(sum(op_calls.values()), n),
         "kernels_per_step": _ratio(n_kernels, n),
