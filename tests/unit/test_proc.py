@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -263,6 +264,45 @@ def test_main_threads_carry_their_scheduler_counters() -> None:
     (second,) = [s for s in src.sample(100.1) if isinstance(s, ThreadSample)]
     assert first.run_s is not None and second.run_s is not None and first.runq_s is not None
     assert second.run_s - first.run_s >= 0.045
+
+
+def _named_thread(name: bytes, spin: threading.Event, stop: threading.Event) -> None:
+    """A thread that names itself (prctl PR_SET_NAME, as c10::setThreadName does), then spins while
+    ``spin`` is set, until ``stop``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    while not stop.is_set():
+        if not spin.is_set():
+            spin.wait(0.01)
+
+
+def test_the_autograd_engine_thread_is_read_every_round_with_its_counters() -> None:
+    """PyTorch's engine thread for a device (pt_autograd_0) is found in a full round and read, with
+    its schedstat counters, in every round after it, like the main thread; other threads are not."""
+    spin, stop = threading.Event(), threading.Event()
+    engine = threading.Thread(target=_named_thread, args=(b"pt_autograd_0", spin, stop), daemon=True)
+    other = threading.Thread(target=_named_thread, args=(b"pt_autograd", threading.Event(), stop), daemon=True)
+    engine.start()
+    other.start()
+    try:
+        time.sleep(0.1)
+        src = ThreadStateSource(ProcessTree(os.getpid()), interval=0.1, all_interval=1.0)
+        full = [s for s in src.sample(100.0) if isinstance(s, ThreadSample)]
+        (found,) = [s for s in full if s.autograd]
+        assert found.tid == engine.native_id and found.run_s is not None
+        assert not any(s.autograd for s in full if s.tid == other.native_id)  # "pt_autograd" alone is no engine
+        spin.set()
+        time.sleep(0.2)
+        spin.clear()
+        rounds = [s for s in src.sample(100.1) if isinstance(s, ThreadSample)]
+        assert {s.tid for s in rounds} == {os.getpid(), engine.native_id}  # main + engine, not all threads
+        (again,) = [s for s in rounds if s.autograd]
+        assert again.run_s is not None and again.run_s - found.run_s >= 0.05
+    finally:
+        stop.set()
+        spin.set()
+        engine.join(5)
+        other.join(5)
 
 
 def _thread(t: float, tid: int, wait: Wait) -> ThreadSample:

@@ -120,6 +120,10 @@ class ThreadSample:
             (``/proc/PID/task/TID/schedstat``, second field); read for main threads only.
         run_s: cumulative time the thread ran on a CPU, s (``schedstat``, first field: the
             scheduler's own nanosecond count, not ticks); read for main threads only.
+        autograd: the thread is the autograd engine's thread for a device (its name is
+            ``pt_autograd_N``): it runs the backward of CUDA (and other accelerator) tensors while
+            the thread that called ``backward()`` waits for it, so its time on a CPU is the loop's.
+            Sampled every round, with ``run_s`` and ``runq_s``, like a main thread.
     """
 
     t: float
@@ -133,6 +137,7 @@ class ThreadSample:
     sys_s: float | None = None
     runq_s: float | None = None
     run_s: float | None = None
+    autograd: bool = False
 
 
 @dataclass(frozen=True)

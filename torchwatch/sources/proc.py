@@ -470,6 +470,8 @@ class ProcSource:
 
 
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
+AUTOGRAD_THREAD_PREFIX = b"pt_autograd_"
+"""How PyTorch names the autograd engine's thread for a device (``pt_autograd_0`` for cuda:0)."""
 
 # Syscall numbers per architecture: (read family, socket receive, timer sleep, wait on others).
 _SYSCALLS: dict[str, tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]] = {
@@ -560,13 +562,16 @@ class ThreadStateSource:
         self.status = SourceStatus.ok()
         self._syscall_denied = False
         self._last_all = -math.inf
+        self._autograd: dict[int, set[int]] = {}  # pid -> TIDs of its autograd device threads
 
     def sample(self, now: float) -> list[object]:
-        """One round over the main threads of main and worker processes; every thread of theirs
-        once every :attr:`all_interval` s."""
+        """One round over the main threads of main and worker processes and their autograd
+        engine threads (see :attr:`ThreadSample.autograd`); every thread of theirs once every
+        :attr:`all_interval` s, which is also when the autograd threads are looked for anew."""
         out: list[object] = []
         # Half a round of slack: a round due a few ms from now is taken now, not one interval late.
         every = now - self._last_all >= self.all_interval - self.interval / 2
+        found: dict[int, set[int]] = {}
         if every:
             self._last_all = now
         for pid, node in self.tree.nodes().items():
@@ -578,11 +583,16 @@ class ThreadStateSource:
                 except OSError:
                     continue
             else:
-                tids = [pid]
+                tids = [pid, *sorted(self._autograd.get(pid, ()))]
             for tid in tids:
                 sample = self._sample_thread(now, pid, tid, node.role)
-                if sample is not None:
-                    out.append(sample)
+                if sample is None:
+                    continue
+                out.append(sample)
+                if sample.autograd:
+                    found.setdefault(pid, set()).add(tid)
+        if every:
+            self._autograd = found
         return out
 
     def _sample_thread(self, now: float, pid: int, tid: int, role: Role) -> ThreadSample | None:
@@ -596,6 +606,9 @@ class ThreadStateSource:
         # (field 3); utime and stime are fields 14 and 15, in clock ticks.
         fields = stat[stat.rfind(b")") + 2 :].split()
         state = fields[0].decode() if fields else "?"
+        # PyTorch names the autograd engine's thread for device N "pt_autograd_N"
+        # (c10::setThreadName in torch/csrc/autograd/engine.cpp); the main thread's backward() waits for it.
+        autograd = tid != pid and stat[stat.find(b"(") + 1 : stat.rfind(b")")].startswith(AUTOGRAD_THREAD_PREFIX)
         try:
             utime, stime = int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
             cpu_s: float | None = utime + stime
@@ -623,7 +636,7 @@ class ThreadStateSource:
                     except (OSError, ValueError):
                         fd_target = None
         run_s = runq_s = None
-        if pid == tid:  # the threads the features read: the loop and each worker's main thread
+        if pid == tid or autograd:  # the threads the features read: the loop (and its autograd engine) and workers
             try:
                 with open(f"{base}/schedstat", "rb") as f:
                     on_cpu, queued = f.read().split()[:2]
@@ -642,6 +655,7 @@ class ThreadStateSource:
             sys_s=sys_s,
             runq_s=runq_s,
             run_s=run_s,
+            autograd=autograd,
         )
 
     def close(self) -> None:
