@@ -556,3 +556,80 @@ def test_memory_features() -> None:
     ]
     f = compute(window(system=system), MAIN)
     assert (f["swap_in_bytes_per_s"], f["memory_pressure_pct"], f["mem_available_bytes"]) == (2e6, 20.0, 2e9)
+
+
+# -- the loop's CPU work on the autograd engine's thread (recorded on an H200, 2026-11-26) ----------------
+
+
+def _autograd_thread(busy_per_s: float, tid: int = MAIN + 7, pid: int = MAIN) -> list[ThreadSample]:
+    """An autograd device thread (pt_autograd_0) sampled every 0.1 s for 10 s, busy ``busy_per_s``."""
+    return [
+        ThreadSample(
+            t=i * 0.1,
+            pid=pid,
+            tid=tid,
+            role=Role.MAIN,
+            is_main_thread=False,
+            state="S",
+            wait=Wait.SYNC,
+            run_s=2.0 + i * 0.1 * busy_per_s,
+            runq_s=0.0,
+            autograd=True,
+        )
+        for i in range(100)
+    ]
+
+
+def test_the_autograd_threads_busy_time_is_the_loops_own_cpu_work() -> None:
+    """On CUDA, backward runs on pt_autograd_0 while the main thread sleeps on a futex for it: main
+    45 % running, 55 % sync (demo/launch_bound.py on an H200). With the engine thread busy 50 %,
+    that 50 % of the main thread's sync time is the loop computing: 95 % running, 5 % sync."""
+    main = _counted(_interleaved(RUNNING=45, SYNC=55), busy_per_s=0.45)
+    alone = compute(Window(0.0, 10.0, threads=main), MAIN)
+    assert alone["main_sync_share"] == pytest.approx(0.55, abs=0.01)
+    assert alone["autograd_running_share"] is None  # a CPU training has no engine thread
+    both = compute(Window(0.0, 10.0, threads=sorted(main + _autograd_thread(0.5), key=lambda s: s.t)), MAIN)
+    assert both["autograd_running_share"] == pytest.approx(0.5, abs=0.01)
+    assert both["main_running_share"] == pytest.approx(0.95, abs=0.01)
+    assert both["main_sync_share"] == pytest.approx(0.05, abs=0.01)
+    # never more than the main thread waited, and only the engine threads of the training itself
+    busy = compute(Window(0.0, 10.0, threads=sorted(main + _autograd_thread(0.9), key=lambda s: s.t)), MAIN)
+    assert busy["main_running_share"] == pytest.approx(1.0, abs=0.01)
+    assert busy["main_sync_share"] == pytest.approx(0.0, abs=0.01)
+    other = _autograd_thread(0.5, tid=MAIN + 100, pid=MAIN + 99)
+    apart = compute(Window(0.0, 10.0, threads=sorted(main + other, key=lambda s: s.t)), MAIN)
+    assert apart["main_sync_share"] == pytest.approx(0.55, abs=0.01)
+
+
+# -- the window from the loop's first step on --------------------------------------------------------------
+
+
+def _hook_read(t: float, steps: int, first_step_t: float) -> HookState:
+    return HookState(
+        t=t, pid=MAIN, steps=steps, batches=0, data_wait_s=0.0, in_next_since=0.0, first_step_t=first_step_t
+    )
+
+
+def test_readings_before_the_first_step_are_left_out_of_the_window() -> None:
+    """demo/gpu_bound.py on an H200: 9 s of start-up (imports, CUDA initialisation, the loop's thread
+    running) then a GPU at 100 %. A window holding both read the GPU 11-62 % busy and the loop's
+    thread 96-66 % running; from the first step on it reads what the loop does."""
+    first = 6.0
+    gpus = [dataclasses.replace(gpu(0, 0.0 if t < first else 100.0, t=t, pids=(MAIN,))) for t in range(10)]
+    main = [
+        dataclasses.replace(s, state="R" if s.t < first else "S", wait=Wait.RUNNING if s.t < first else Wait.SYNC)
+        for s in threads(MAIN, Role.MAIN, RUNNING=100)
+    ]
+    hook = [_hook_read(float(t), 0 if t < first else (t - 5) * 70, first if t >= first else 0.0) for t in range(11)]
+    f = compute(Window(0.0, 10.0, threads=main, gpus=gpus, hook=hook), MAIN)
+    assert f["gpu_util_mean"] == pytest.approx(100.0)
+    assert f["thread_samples"] == 40  # 6.0 .. 9.9 s
+    assert f["main_running_share"] == pytest.approx(0.0)
+    assert f["hook_steps_per_s"] == pytest.approx(70.0)  # the reading at 5 s is the base of the count
+    assert f["loop_started"] == 1.0
+    # before the first step: the whole window, and the loop has not started
+    early = compute(Window(0.0, 5.5, threads=main[:55], gpus=gpus[:6], hook=hook[:6]), MAIN)
+    assert early["loop_started"] == 0.0
+    assert early["thread_samples"] == 55
+    # without the hook there is no first step to cut at
+    assert compute(Window(0.0, 10.0, threads=main, gpus=gpus), MAIN)["gpu_util_mean"] == pytest.approx(40.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from torchwatch.analysis import stacks
 from torchwatch.analysis.store import Window
@@ -62,7 +63,8 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "main_running_share",
         "share",
         "proc",
-        "main thread on a CPU or runnable (state R, schedstat), less kernel time of reads",
+        "main thread on a CPU or runnable (state R, schedstat), less kernel time of reads, plus the time "
+        "its autograd engine thread computed backward while it waited",
     ),
     (
         "main_disk_share",
@@ -73,7 +75,19 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("main_sys_share", "share", "proc", "main thread in kernel mode (stime / wall time)"),
     ("main_runqueue_share", "share", "proc", "main thread ready to run but waiting for a CPU (schedstat)"),
     ("main_sleep_share", "share", "proc", "main thread in a timer sleep (nanosleep)"),
-    ("main_sync_share", "share", "proc", "main thread waiting on another thread or process (futex, poll, pipe)"),
+    (
+        "main_sync_share",
+        "share",
+        "proc",
+        "main thread waiting on another thread or process (futex, poll, pipe), less the time its autograd "
+        "engine thread computed backward for it",
+    ),
+    (
+        "autograd_running_share",
+        "share",
+        "proc",
+        "the training's autograd engine threads (pt_autograd_N: backward of CUDA tensors) on a CPU or runnable",
+    ),
     ("main_net_share", "share", "proc", "main thread blocked reading a socket"),
     ("worker_count", "count", "psutil", "DataLoader worker processes alive now"),
     ("workers_running_fraction", "share", "proc", "of the workers' producing time, the part on CPU"),
@@ -151,6 +165,12 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "the training's own SM utilization (per-process samples, its PIDs summed): time one of its kernels ran",
     ),
     ("hook_steps_per_s", "steps/s", "hook", "optimizer steps per second, measured in the training process"),
+    (
+        "loop_started",
+        "flag",
+        "hook",
+        "the training reached its loop: a step, a DataLoader batch, or one being fetched (0 = still starting up)",
+    ),
     ("step_time_p50_ms", "ms", "hook", "median step time (optimizer step to optimizer step)"),
     (
         "collective_wait_share",
@@ -389,6 +409,38 @@ def _state_shares(samples: Sequence[ThreadSample]) -> dict[str, float]:
     }
 
 
+def _autograd_busy(window_threads: Iterable[ThreadSample], main_pid: int | None) -> float | None:
+    """Share of wall time the loop's autograd engine threads (:attr:`ThreadSample.autograd`) were
+    on a CPU or ready for one, from their ``schedstat`` counters, summed over the threads and
+    capped at 1; ``None`` when the training has none (a CPU training: its backward runs on the
+    thread that called it) or their counters do not cover 1 s."""
+    threads: dict[tuple[int, int], list[ThreadSample]] = defaultdict(list)
+    for th in window_threads:
+        if th.autograd and th.role is Role.MAIN and (main_pid is None or th.pid == main_pid):
+            threads[(th.pid, th.tid)].append(th)
+    shares = [b for samples in threads.values() if (b := _busy_share(samples)) is not None]
+    return min(1.0, sum(shares)) if shares else None
+
+
+def _loop_shares(main: Sequence[ThreadSample], autograd: float | None) -> dict[str, float]:
+    """The loop's state shares (:func:`_state_shares` of its main thread), with the time its
+    autograd engine thread was busy moved from ``sync`` to ``running``.
+
+    On CUDA, ``loss.backward()`` hands the graph to the engine's device thread (``pt_autograd_0``)
+    and the calling thread sleeps on a futex until it is done: on an H200 (torch 2.11, recorded
+    2026-11-26) demo/launch_bound.py's main thread read 45 % running and 55 % waiting on another
+    thread, which the rules took for "the loop waits elsewhere", while the loop's CPU work, forward
+    on one thread and backward on the other, was the whole step. What the main thread waits on
+    while that thread runs is the loop's own CPU work, so at most the busy share of the engine
+    thread moves, and never more than the main thread's sync share."""
+    shares = _state_shares(main)
+    if autograd:
+        moved = min(autograd, shares["sync"])
+        shares["running"] += moved
+        shares["sync"] -= moved
+    return shares
+
+
 def _main_threads(
     window_threads: Iterable[ThreadSample], main_pid: int | None
 ) -> tuple[list[ThreadSample], dict[int, list[ThreadSample]]]:
@@ -417,12 +469,13 @@ def thread_states(
         window_threads: thread samples of the window.
         main_pid: the diagnosed training process; ``None`` takes any main.
     """
+    window_threads = list(window_threads)  # read twice: the main threads, then the autograd threads
     main, workers = _main_threads(window_threads, main_pid)
 
     def ordered(shares: dict[str, float]) -> tuple[tuple[str, float], ...]:
         return tuple(sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1]))
 
-    loop = ordered(_state_shares(main)) if main else ()
+    loop = ordered(_loop_shares(main, _autograd_busy(window_threads, main_pid))) if main else ()
     total = sum(len(s) for s in workers.values())
     mixed: dict[str, float] = defaultdict(float)
     for samples in workers.values():
@@ -435,8 +488,10 @@ def _thread_features(window: Window, main_pid: int | None) -> Features:
     main, workers = _main_threads(window.threads, main_pid)
     n = len(main)
     out: Features = {"thread_samples": float(n)}
+    autograd = _autograd_busy(window.threads, main_pid)
+    out["autograd_running_share"] = autograd
     if n >= MIN_THREAD_SAMPLES:
-        shares = _state_shares(main)
+        shares = _loop_shares(main, autograd)
         out["main_sys_share"] = _rate(main, "sys_s")
         out["main_runqueue_share"] = _rate(main, "runq_s")
         out["main_running_share"] = shares["running"]
@@ -676,6 +731,7 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
     first, last = reads[0], reads[-1]
     span = last.t - first.t
     steps = [e for h in reads for e in h.new_steps if window.start <= e[0] <= window.end]
+    out["loop_started"] = float(bool(last.steps or last.first_step_t or last.batches or last.in_next_since))
     if span >= 1.0 and last.steps > 0:
         out["hook_steps_per_s"] = (last.steps - first.steps) / span
     if len(steps) >= 2:
@@ -862,6 +918,43 @@ def _collective_wait(window: Window, main_pid: int | None, f: Features) -> Featu
     return {"collective_wait_share": max(0.0, min(1.0, blocked - runq))}
 
 
+def loop_window(window: Window, main_pid: int | None) -> Window:
+    """``window`` from the training's first step on, when that step ended inside it.
+
+    A window that reaches back before the first step mixes the training's start (imports, model
+    set-up, CUDA initialisation, all on the loop's thread and on the CPU) with its loop, and its
+    means then describe neither. Recorded on an H200 (2026-11-26), demo/gpu_bound.py took 9 s to
+    its first step; over the 10 s window the GPU's utilization climbed 11 -> 62 % while the loop's
+    thread read 96 -> 66 % running, and the rules called that GPU-bound training cpu-bound at
+    confidence 0.95 for 8 s. From the first step on, every reading is of the loop. The hook's
+    reading just before the step is kept as the base of its counters (steps, data wait).
+    ``window`` as it is without the hook, before the first step, or when it began after it.
+    """
+    reads = [h for h in window.hook if main_pid is None or h.pid == main_pid]
+    first = reads[-1].first_step_t if reads else 0.0
+    if not window.start < first < window.end:
+        return window
+
+    def since(items: list[Any]) -> list[Any]:
+        return [x for x in items if x.t >= first]
+
+    before: dict[int, HookState] = {}  # each process's last reading before the step
+    for h in window.hook:
+        if h.t < first:
+            before[h.pid] = h
+    base = sorted(before.values(), key=lambda h: h.t)
+    return Window(
+        start=first,
+        end=window.end,
+        processes=since(window.processes),
+        threads=since(window.threads),
+        system=since(window.system),
+        gpus=since(window.gpus),
+        stacks=since(window.stacks),
+        hook=base + since(window.hook),
+    )
+
+
 def compute(window: Window, main_pid: int | None) -> Features:
     """All features of :data:`CATALOGUE` for ``window``.
 
@@ -872,6 +965,7 @@ def compute(window: Window, main_pid: int | None) -> Features:
     Returns:
         ``{name: value or None}`` with exactly the catalogue's keys.
     """
+    window = loop_window(window, main_pid)
     f: Features = {}
     f.update(_stack_features(window, main_pid))
     f.update(_hook_features(window, main_pid))
