@@ -86,13 +86,13 @@ def _env(threads: str) -> dict[str, str]:
 
 
 def run_once(
-    demo: str, seconds: float, watched: bool, threads: str = "default", stamps: bool = False
+    demo: str, seconds: float, watched: bool, threads: str = "default", stamps: bool = False, device: str = "cpu"
 ) -> dict[str, Any]:
     """One run: ``steps_per_s`` (whole run), torchwatch's own CPU + py-spy's (``cpu_pct``, % of one
     core) and its report's ``sampling`` and ``first_step_after_s`` when watched, and every
     optimizer step's monotonic time (``stamps``) when asked."""
     with tempfile.TemporaryDirectory() as tmp:
-        script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(seconds)]
+        script = [str(REPO / "demo" / f"{demo}.py"), "--device", device, "--seconds", str(seconds)]
         clock = Path(tmp) / "steps.bin"
         cmd = [sys.executable, *([str(REPO / "bench" / "_stepclock.py"), str(clock)] if stamps else []), *script]
         out = Path(tmp) / "report.json"
@@ -145,10 +145,10 @@ def window_rate(stamps: list[float], start: float, seconds: float) -> float:
     return (len(inside) - 1) / (inside[-1] - inside[0])
 
 
-def pair(demo: str, seconds: float, threads: str, window: float | None) -> dict[str, Any]:
+def pair(demo: str, seconds: float, threads: str, window: float | None, device: str = "cpu") -> dict[str, Any]:
     """One interleaved pair: the demo alone, then watched; their steps/s and ratio."""
-    alone = run_once(demo, seconds, False, threads, stamps=window is not None)
-    watched = run_once(demo, seconds, True, threads, stamps=window is not None)
+    alone = run_once(demo, seconds, False, threads, stamps=window is not None, device=device)
+    watched = run_once(demo, seconds, True, threads, stamps=window is not None, device=device)
     row = {"alone": alone["steps_per_s"], "watched": watched["steps_per_s"], "cpu_pct": watched["cpu_pct"]}
     if window is not None:
         start = steady_start(watched)
@@ -168,7 +168,9 @@ def pair(demo: str, seconds: float, threads: str, window: float | None) -> dict[
 SETTLE_MAX_S = 20.0  # the cadence settles ~10-11 s after attach; past 20 s the window is taken at the end
 
 
-def _hooked_demo(demo: str, threads: str, seconds: float, tmp: Path, stderr: Any) -> tuple[subprocess.Popen[str], Path]:
+def _hooked_demo(
+    demo: str, threads: str, seconds: float, tmp: Path, stderr: Any, device: str = "cpu"
+) -> tuple[subprocess.Popen[str], Path]:
     """``demo`` started for ``seconds`` with the hook pre-loaded (as ``torchwatch run`` loads it)
     under ``bench/_stepclock.py``; the process and the file its step times go to at exit.
     ``stderr``: ``subprocess.PIPE`` or an open file."""
@@ -176,7 +178,7 @@ def _hooked_demo(demo: str, threads: str, seconds: float, tmp: Path, stderr: Any
     from torchwatch.watch.lifecycle import hook_env
 
     clock = tmp / "steps.bin"
-    script = [str(REPO / "demo" / f"{demo}.py"), "--device", "cpu", "--seconds", str(seconds)]
+    script = [str(REPO / "demo" / f"{demo}.py"), "--device", device, "--seconds", str(seconds)]
     env = {**hook_env(), **{k: v for k, v in _env(threads).items() if k.endswith("_NUM_THREADS")}}
     if threads == "default":
         env.pop("OMP_NUM_THREADS", None)
@@ -188,7 +190,7 @@ def _hooked_demo(demo: str, threads: str, seconds: float, tmp: Path, stderr: Any
     return target, clock
 
 
-def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[str, Any]]:
+def within_run(demo: str, threads: str, pairs: int, window: float, device: str = "cpu") -> list[dict[str, Any]]:
     """``pairs`` watched windows in one run of ``demo`` (see the module docstring): for each, the
     steps/s alone before and after it, watched, the ratio, torchwatch's CPU (% of one core, the
     whole attach) and the share of the window it spent steady."""
@@ -196,7 +198,7 @@ def within_run(demo: str, threads: str, pairs: int, window: float) -> list[dict[
     total = 20.0 + pairs * (window + attach_s + 3.0) + window + 15.0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        target, clock = _hooked_demo(demo, threads, total, Path(tmp), subprocess.PIPE)
+        target, clock = _hooked_demo(demo, threads, total, Path(tmp), subprocess.PIPE, device)
         try:
             time.sleep(20.0)  # imports, the first steps, the first epoch's warm-up
             alone: list[tuple[float, float]] = []
@@ -260,7 +262,7 @@ def _session_cpu_s(sid: int) -> float:
     return total
 
 
-def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> list[dict[str, Any]]:
+def within_run_toggle(demo: str, threads: str, pairs: int, window: float, device: str = "cpu") -> list[dict[str, Any]]:
     """``pairs`` watched windows in one run of ``demo`` and one ``torchwatch attach``: once the
     attach went steady, the bench alternates W s with torchwatch frozen (SIGSTOP to its own
     session: torchwatch and its py-spy children, never the training) and W s running (SIGCONT):
@@ -280,7 +282,7 @@ def within_run_toggle(demo: str, threads: str, pairs: int, window: float) -> lis
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         demo_log = (Path(tmp) / "demo.log").open("w")  # a file: an hour of progress lines would fill a pipe
-        target, clock = _hooked_demo(demo, threads, total, Path(tmp), demo_log)
+        target, clock = _hooked_demo(demo, threads, total, Path(tmp), demo_log, device)
         out = Path(tmp) / "report.json"
         watch = None
         try:
@@ -381,6 +383,7 @@ def main() -> int:
     parser.add_argument(
         "--toggle", action="store_true", help="with --within-run: one attach, frozen and resumed every window"
     )
+    parser.add_argument("--device", default="cpu", help="the demos' --device: cpu (default) or cuda")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     window = args.steady_window
@@ -396,7 +399,7 @@ def main() -> int:
     print(
         f"{'demo':17s} {'threads':7s} {'alone':>7s} {'watched':>7s} {'ratio':>6s} {'loss':>6s} {'tw CPU':>6s}  "
         f"(medians of {args.pairs} interleaved pairs of {seconds:g} s runs, {what}; load "
-        f"{os.getloadavg()[0]:.2f})",
+        f"{os.getloadavg()[0]:.2f}; --device {args.device})",
         flush=True,
     )
     rows = []
@@ -405,9 +408,9 @@ def main() -> int:
             if args.within_run:
                 assert window is not None
                 run_pairs = within_run_toggle if args.toggle else within_run
-                pairs = run_pairs(demo, threads, args.pairs, window)
+                pairs = run_pairs(demo, threads, args.pairs, window, args.device)
             else:
-                pairs = [pair(demo, seconds, threads, window) for _ in range(args.pairs)]
+                pairs = [pair(demo, seconds, threads, window, args.device) for _ in range(args.pairs)]
             ratios = [p["ratio"] for p in pairs]
             ratio = statistics.median(ratios)
             row = {
@@ -441,10 +444,10 @@ def main() -> int:
                     around = " ".join(f"{p['alone_before']:.2f}/{p['alone_after']:.2f}" for p in pairs)
                     cpu_of = "the watched windows" if args.toggle else "whole attach"
                     print(f"{'':25s} alone before/after each window (steps/s): {around}; tw CPU: {cpu_of}")
-                if args.toggle and window < 30 and len(pairs) >= 2:
+                k = -(-30 // int(window))  # windows in 30 s watched
+                if args.toggle and window < 30 and len(pairs) >= max(2, k):
                     # the acceptance's pairs are of >= 30 s: consecutive windows taken together,
                     # each group 30 s or more watched against the alone windows interleaved with it
-                    k = -(-30 // int(window))
                     groups = [statistics.mean(r for r in ratios[i : i + k]) for i in range(0, len(ratios) - k + 1, k)]
                     row["groups"] = groups
                     g_se = statistics.stdev(groups) / len(groups) ** 0.5 if len(groups) > 1 else 0.0

@@ -4,11 +4,12 @@ Runs unchanged on a GPU machine (needs nvidia-ml-py and psutil, both torchwatch 
 reads the GPUs exactly as torchwatch does, through ``torchwatch.sources.nvml.NvmlSource``, but hands
 that source a recording wrapper around ``pynvml``: every value NVML returns (or the error it raises)
 is written per sample and device, keyed by the NVML function, in the format ``tests/unit/nvml_replay.py``
-replays (``torchwatch.nvml-recording/1``). So a recording made here replaces a FABRICATED fixture
-without touching the tests. Standard library plus torchwatch's own dependencies.
+replays (``torchwatch.nvml-recording/1``). tests/fixtures/gpu_recorded/ holds recordings made
+with it on an H200 (gzipped, with the system's versions in ``system``). Standard library plus
+torchwatch's own dependencies.
 
     # launch a training and record a minute of it after 15 s of warm-up
-    python bench/record_gpu.py --seconds 60 --warmup 15 --out tests/fixtures/gpu/nvml_h100_gpu_bound.json \\
+    python bench/record_gpu.py --seconds 60 --warmup 15 --out rec.json \\
         -- python demo/gpu_bound.py --device cuda --seconds 90
 
     # or record a training that is already running (its process tree's PIDs)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -126,6 +128,25 @@ def record(nvml: Any, times: list[float], tree: set[int]) -> dict[str, Any]:
     return {"format": FORMAT, "tree_pids": sorted(tree), "static": recorder.static, "samples": samples}
 
 
+def system_versions(nvml: Any) -> dict[str, Any]:
+    """The driver's, CUDA driver API's and NVML's versions and the kernel release, for a recording's
+    provenance (``None`` where NVML cannot say); NVML must be initialised."""
+
+    def ask(name: str) -> Any:
+        try:
+            return plain(getattr(nvml, name)())
+        except Exception:  # an old driver or binding: the version is simply not known
+            return None
+
+    cuda = ask("nvmlSystemGetCudaDriverVersion")  # e.g. 13000 for 13.0
+    return {
+        "driver": ask("nvmlSystemGetDriverVersion"),
+        "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
+        "nvml": ask("nvmlSystemGetNVMLVersion"),
+        "kernel": os.uname().release,
+    }
+
+
 def tree_pids(root: int) -> set[int]:
     try:
         proc = psutil.Process(root)
@@ -155,6 +176,7 @@ def main() -> int:
     if source.status.reason:  # before launching anything: a machine without a usable GPU records nothing
         print(f"record_gpu.py: NVML unavailable: {source.status.reason}", file=sys.stderr)
         return 1
+    versions = system_versions(pynvml)  # NVML is initialised by the source until it closes
     child = subprocess.Popen(command) if command else None
     root = target["root"] = child.pid if child else int(args.pid)
     samples: list[dict[str, Any]] = []
@@ -186,6 +208,7 @@ def main() -> int:
     recording = {
         "format": FORMAT,
         "provenance": f"recorded by bench/record_gpu.py on {time.strftime('%Y-%m-%d')}",
+        "system": versions,
         "what": args.what or " ".join(command) or f"PID {root}",
         "interval_s": args.interval,
         "tree_pids": sorted(seen) or [root],

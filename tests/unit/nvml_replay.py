@@ -11,6 +11,7 @@ so the ctypes field names NvmlSource writes are checked against the real binding
 from __future__ import annotations
 
 import ctypes
+import gzip
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,11 +23,15 @@ from torchwatch.model.readings import GpuSample
 from torchwatch.sources.nvml import NvmlSource
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_recorded"
 
 
 def load(stem: str) -> dict[str, Any]:
-    """A recording of tests/fixtures/gpu by file stem (``"nvml_h100_gpu_bound"``)."""
-    data: dict[str, Any] = json.loads((FIXTURES / f"{stem}.json").read_text())
+    """A recording of tests/fixtures/gpu by file stem (``"nvml_h100_gpu_bound"``, FABRICATED), or of
+    tests/fixtures/gpu_recorded (``"nvml_h200_gpu_bound"``, recorded on a real GPU, gzipped)."""
+    plain, recorded = FIXTURES / f"{stem}.json", RECORDED / f"{stem}.json.gz"
+    text = plain.read_text() if plain.exists() else gzip.decompress(recorded.read_bytes()).decode()
+    data: dict[str, Any] = json.loads(text)
     assert data["format"] == "torchwatch.nvml-recording/1"
     return data
 

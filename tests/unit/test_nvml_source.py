@@ -310,7 +310,7 @@ def _recorded_metric(rec: dict[str, Any], k: int, metric_id: int) -> float:
 
 
 def test_gpm_metrics_come_from_consecutive_samples_of_a_hopper_gpu() -> None:
-    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    rec = nvml_replay.load("nvml_h200_gpu_bound")
     fake = nvml_replay.ReplayNvml(rec)
     source = NvmlSource(lambda: {4242}, nvml=fake)
     samples = []
@@ -362,7 +362,7 @@ def test_gpu_without_gpm_says_why_and_keeps_the_nvml_readings() -> None:
     ],
 )
 def test_gpm_unreadable_device_gives_a_reason(static: dict[str, Any], reason: str) -> None:
-    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    rec = nvml_replay.load("nvml_h200_gpu_bound")
     rec["static"]["0"].update(static)
     source, samples = nvml_replay.replay(rec)
     assert {g.gpm_reason for g in samples} == {reason}
@@ -379,7 +379,7 @@ def test_bindings_without_gpm_say_so() -> None:
 
 
 def test_one_unsupported_metric_blanks_only_that_metric() -> None:
-    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    rec = nvml_replay.load("nvml_h200_gpu_bound")
     for s in rec["samples"][1:]:
         for m in s["devices"]["0"]["nvmlGpmMetricsGet"]:
             if m["metricId"] == pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
@@ -400,7 +400,7 @@ def test_failed_gpm_sample_starts_a_new_interval() -> None:
 
 
 def test_gpm_buffers_freed_when_allocation_half_fails() -> None:
-    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    rec = nvml_replay.load("nvml_h200_gpu_bound")
     fake = nvml_replay.ReplayNvml(rec)
     calls = {"n": 0}
     real_alloc = fake.nvmlGpmSampleAlloc
@@ -451,7 +451,7 @@ def test_gpm_status_without_nvml_names_nvml() -> None:
 
 
 def test_gpm_structures_of_other_bindings_switch_gpm_off_not_the_source() -> None:
-    rec = nvml_replay.load("nvml_h100_gpu_bound")
+    rec = nvml_replay.load("nvml_h200_gpu_bound")
     fake = nvml_replay.ReplayNvml(rec)
 
     class OddRequest:  # a c_nvmlGpmMetricsGet_t without the fields this code writes

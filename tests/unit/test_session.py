@@ -69,7 +69,7 @@ def test_gpm_is_a_source_beside_nvml_and_missing_gpu_features_give_its_reason() 
 
 def test_gpu_feature_missing_on_a_gpm_gpu_gives_the_samples_reason() -> None:
     s = Session(os.getpid(), load_rules(), SessionOptions(nvml=False))
-    first = nvml_replay.replay(nvml_replay.load("nvml_h100_gpu_bound"), tree={17})[1][0]
+    first = nvml_replay.replay(nvml_replay.load("nvml_h200_gpu_bound"), tree={17})[1][0]
     s.store.add([first])
     assert s.why_missing("gpu_sm_active_mean") == GPM_FIRST_SAMPLE
     assert s.why_missing("gpu_proc_sm_pct") == PROC_NOT_TREE
