@@ -368,9 +368,11 @@ def test_version_comes_from_the_package_metadata(
     import importlib.metadata
 
     real = importlib.metadata.version("torchwatch")
-    with pytest.raises(SystemExit):
-        main(["--version"])
-    assert capsys.readouterr().out.strip() == f"torchwatch {real}"
+    for flag in ("--version", "-V"):  # -V as py-spy, pip and most CLIs take it
+        with pytest.raises(SystemExit) as stop:
+            main([flag])
+        assert stop.value.code == 0
+        assert capsys.readouterr().out.strip() == f"torchwatch {real}"
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch" else real)
     assert torchwatch.__version__ == "9.8.7"  # not a second copy of the number
 

@@ -144,3 +144,74 @@ def test_rule_error_hint_names_an_existing_command(tmp_path: Path, capsys: pytes
 def test_unwritable_json_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--headless", "--json", "/nonexistent/dir/r.json", "--", "true"]) == 1
     assert "cannot write the JSON report" in one_error_line(capsys)
+
+
+def _python_children(pid: int, n: int, timeout_s: float = 20.0) -> list[int]:
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        kids = [c.pid for c in psutil.Process(pid).children() if "python" in c.name()]
+        if len(kids) >= n:
+            return sorted(kids)
+        time.sleep(0.05)
+    raise AssertionError(f"{n} Python children of {pid} did not start")
+
+
+@pytest.mark.parametrize("how_many", [2, 1])
+def test_attach_to_a_tree_of_several_trainings_lists_them_instead_of_picking_one(
+    how_many: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`attach 1` on a host reached every Python process there and hopped its verdict between them.
+    A non-Python PID whose tree holds several trainings is refused, with each one named; with one
+    training under it, attach goes on to watch that one."""
+    import os
+    import shlex
+    import signal
+    import sys
+
+    sleeper = f"{shlex.quote(sys.executable)} -c 'import time; time.sleep(60)'"
+    script = " & ".join([sleeper] * how_many) + " & wait"
+    shell = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    try:
+        kids = _python_children(shell.pid, how_many)
+        code = main(["attach", "--headless", "--no-inject", "--duration", "0.5", str(shell.pid)])
+        if how_many == 1:
+            assert code == 0
+            assert f"PID {kids[0]}" in capsys.readouterr().out  # the report of the one training
+            return
+        assert code == 1
+        line = one_error_line(capsys)
+        assert f"PID {shell.pid} is not a training and its tree holds 2 trainings" in line
+        assert all(f"PID {k} (" in line for k in kids)
+        assert "torchwatch serve" in line
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+
+
+def test_json_path_where_root_cannot_create_a_file_is_refused_before_the_training(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """/proc passes os.access for root but takes no new file: refused up front, the training never started."""
+    marker = tmp_path / "started"
+    code = main(["run", "--headless", "--duration", "5", "--json", "/proc/nope.json", "--", "touch", str(marker)])
+    assert code == 1
+    assert "cannot write the JSON report to /proc/nope.json" in one_error_line(capsys)
+    assert not marker.exists()
+
+
+def test_a_report_that_could_not_be_written_at_the_end_exits_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The folder passed the check, then went away while the training ran: the training ended well
+    (status 0), but the report CI relies on is missing, so the exit is 1 and stderr says why."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    code = main(["run", "--headless", "--json", str(folder / "r.json"), "--", "rmdir", str(folder)])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert f"cannot write {folder / 'r.json'}" in err and "exit 1" in err
+    assert "torchwatch report:" in out  # the text report is still printed

@@ -283,3 +283,14 @@ def test_the_injection_attach_made_is_reported(busy: dict[str, Any]) -> None:
     data = report.build(observation(analysed(features(storage_wait_share=0.5))), injection=done)
     assert data["injection"] == done
     jsonschema.validate(data, SCHEMA)
+
+
+def test_no_color_text_report_and_status_line_carry_no_escape_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """no-color.org holds for every text torchwatch prints outside the TUI (the TUI's own test is in
+    test_tui_app): the headless status line and the text report are plain, NO_COLOR or not."""
+    from torchwatch.faces.headless import status_line
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    obs = observation(analysed(features(data_wait_share=0.9, data_wait_queue_share=0.9, gpu_util_mean=40.0)))
+    for text in (report.render_text(report.build(obs, watched_s=31.26)), status_line(obs, 12.0)):
+        assert text and "\x1b" not in text and "\x9b" not in text

@@ -513,3 +513,36 @@ def test_memory_panel_without_a_hook_says_so() -> None:
         assert "allocator n/a (no hook in the process: device memory comes from the in-process hook)" in text
 
     run(recorded_session(), check, size=(140, 30))
+
+
+def _colours(app: WatchApp) -> set[str]:
+    """Every colour left in the lines the verdict widget renders once the app's line filters ran."""
+    from textual.color import Color
+
+    widget = app.screen.query_one("#verdict", Static)
+    found: set[str] = set()
+    for y in range(widget.size.height):
+        strip = widget.render_line(y)
+        for line_filter in app.get_line_filters():
+            strip = strip.apply_filter(line_filter, Color(0, 0, 0))
+        for segment in strip:
+            style = segment.style
+            if style is None:
+                continue
+            found |= {c.name for c in (style.color, style.bgcolor) if c is not None and not c.is_default}
+    return found
+
+
+def test_no_color_draws_no_colour_not_greys(monkeypatch: Any) -> None:
+    """no-color.org: with NO_COLOR set no colour is added. Textual's own answer (Monochrome) still
+    draws 24-bit greys; the app draws in the terminal's default colours."""
+    seen: dict[str, set[str]] = {}
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        seen["colours"] = _colours(app)
+
+    run(recorded_session(), check)
+    assert seen["colours"], "the verdict is drawn in colour without NO_COLOR"
+    monkeypatch.setenv("NO_COLOR", "1")
+    run(recorded_session(), check)
+    assert seen["colours"] == set()

@@ -51,7 +51,8 @@ EXIT_STATUS = (
     (
         "1",
         "cannot watch (no such PID, not Python, another user's process, command not found, "
-        "unwritable --json/--trace/--log-file), an internal error, or stdout closed before the report",
+        "a PID whose tree holds several trainings, unwritable --json/--trace/--log-file), a --json report that "
+        "could not be written at the end, an internal error, or stdout closed before the report",
     ),
     (
         "128+N",
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog(),
         formatter_class=fmt,
     )
-    parser.add_argument("--version", action="version", version=f"torchwatch {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"torchwatch {__version__}")
     _logging_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     run = sub.add_parser(
@@ -257,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     attach = sub.add_parser(
         "attach",
         help="watch a running training process",
-        description="Watch the running process PID and its children (torchwatch itself and its helpers excluded).",
+        description="Watch the running process PID and its children (torchwatch itself and its helpers excluded). "
+        "A PID that is not a training but whose tree holds several (PID 1, a shell running two) is refused with "
+        "their PIDs: attach to one, or watch them all with torchwatch serve.",
         epilog=epilog(),
         formatter_class=fmt,
     )

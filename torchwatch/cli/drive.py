@@ -35,7 +35,7 @@ from torchwatch.faces.headless import status_line
 from torchwatch.inject.injector import Injector
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.model.observation import Observation
-from torchwatch.watch.job import find_job
+from torchwatch.watch.job import distinct_trainings, find_job, several_trainings_error
 from torchwatch.watch.lifecycle import (
     Launched,
     StopSignals,
@@ -115,10 +115,13 @@ class Ending:
         by: a key of :data:`torchwatch.faces.report.ENDINGS` (``exit``, ``duration``, ``quit``,
             ``left running``, ``error``, or the name of the signal torchwatch got).
         code: the training's shell-style exit status, ``None`` when not known (attach) or running.
+        unwritten: the ``--json`` report could not be written (the run then exits 1, "cannot
+            watch", unless a signal or the training's own failure decides the status).
     """
 
     by: str
     code: int | None = None
+    unwritten: bool = False
 
     @property
     def signal(self) -> int | None:
@@ -257,6 +260,10 @@ def attach_pid(pid: int, opts: WatchOptions, stops: StopSignals) -> int:
     tree = check_attachable(pid)
     opts = _headless_without_terminal(opts)
     job = find_job(pid)
+    if not job.is_job and pid not in tree.mains():
+        trainings = distinct_trainings(tree, pid)
+        if len(trainings) > 1:  # never pick one of several unrelated trainings silently
+            raise several_trainings_error(pid, trainings)
     if job.is_job:
         print(job.line(), file=sys.stderr)
     with contextlib.ExitStack() as stack:
@@ -333,6 +340,8 @@ def _exit_status(ending: Ending, session: Session, opts: WatchOptions) -> int:
     if ending.by == "error":
         return EXIT_CANNOT_WATCH
     own = ending.code if ending.by == "exit" and ending.code is not None else 0
+    if own == 0 and ending.unwritten:
+        return EXIT_CANNOT_WATCH
     if own == 0 and _failed_on(session, opts):
         return EXIT_FAIL_ON
     return own
@@ -387,7 +396,8 @@ def _drive(
         if child is not None and ending.by != "left running":
             child.close()
         session.stop()
-    _write_reports(session, child, ending, opts, time.monotonic() - start, log_path, injection)
+    if not _write_reports(session, child, ending, opts, time.monotonic() - start, log_path, injection):
+        ending = replace(ending, unwritten=True)
     return ending
 
 
@@ -538,9 +548,9 @@ def _write_reports(
     watched_s: float,
     log_path: Path | None = None,
     injection: dict[str, Any] | None = None,
-) -> None:
+) -> bool:
     """The JSON report first (a file survives a closed terminal), then the end of the training's
-    output (TUI) and the text report."""
+    output (TUI) and the text report; whether the JSON report (if asked for) was written."""
     obs = session.final_observation()
     pid = obs.target.pid
     data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s, injection=injection)
@@ -548,13 +558,19 @@ def _write_reports(
     if opts.json_path == "-":
         _emit(text, sys.stderr, fatal=False)
         _emit(report.dumps(data), sys.stdout)
-        return
+        return True
+    written = True
     if opts.json_path:
         target = report.json_target(opts.json_path, pid)
         try:
             report.write_atomic(target, report.dumps(data) + "\n")
         except OSError as exc:
-            print(f"torchwatch: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+            written = False
+            print(
+                f"torchwatch: error: cannot write {target}: {exc.strerror or exc} (the report follows on stdout; "
+                f"exit {EXIT_CANNOT_WATCH})",
+                file=sys.stderr,
+            )
         else:
             if target != Path(opts.json_path).expanduser():
                 _emit(f"torchwatch: JSON report written to {target}", sys.stderr, fatal=False)
@@ -562,3 +578,4 @@ def _write_reports(
     if log_path is not None:
         _show_log(log_path)
     _emit(text, sys.stdout)
+    return written

@@ -6,11 +6,13 @@ the JSON, :func:`render_text` prints it (so a saved report prints the same).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import secrets
 import socket
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -386,6 +388,18 @@ def check_json_path(path: str | None) -> None:
             f"cannot write the JSON report to {path}: {folder} is not a writable directory",
             "give --json a path in an existing, writable directory",
         )
+    # os.access says yes to root everywhere, /proc and read-only mounts included: the report is
+    # written as a new file renamed into place, so make one (exclusively, never through a link).
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".torchwatch-check-")
+    except OSError as exc:
+        raise TorchwatchError(
+            f"cannot write the JSON report to {path}: {folder}: {exc.strerror or exc}",
+            "give --json a path in an existing, writable directory",
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def json_target(path: str, pid: int, kind: str = "report") -> Path:

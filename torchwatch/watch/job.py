@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import psutil
 
 from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
-from torchwatch.model.readings import Frame
+from torchwatch.model.errors import TorchwatchError
+from torchwatch.model.readings import Frame, Role
+from torchwatch.sources.proc import ProcessTree, TreeNode
 from torchwatch.sources.pyspy import dump_threads
 
 SPAWN_WRAP = ("_wrap", os.path.join("torch", "multiprocessing", "spawn.py"))
@@ -143,6 +145,39 @@ def launcher_kind(cmdline: str) -> str | None:
     if any(os.path.basename(w) in LAUNCHER_SCRIPTS for w in words[:2]):
         return "torchrun"
     return None
+
+
+def distinct_trainings(tree: ProcessTree, root: int) -> list[TreeNode]:
+    """The trainings under ``root``, each once: a main process stands for itself and for every main
+    below it (``mp.spawn`` ranks under their script), and the ranks of one launcher of
+    :data:`LAUNCHER_MODULES` / :data:`LAUNCHER_SCRIPTS` (torchrun, accelerate, deepspeed) are that
+    launcher's one training. Oldest PID first.
+
+    ``attach 1`` on a host reaches every Python process of every user; unrelated trainings there
+    must be told apart, not watched as one that hops from training to training.
+    """
+    nodes = tree.nodes()
+    found: dict[int, TreeNode] = {}
+    for pid, node in nodes.items():
+        if node.role is not Role.MAIN:
+            continue
+        key, cur = pid, node
+        while cur.pid != root and cur.ppid in nodes:
+            cur = nodes[cur.ppid]
+            if cur.role is Role.MAIN or launcher_kind(" ".join(cur.cmdline)) is not None:
+                key = cur.pid
+        found.setdefault(key, nodes[key])
+    return sorted(found.values(), key=lambda n: (n.create_time, n.pid))
+
+
+def several_trainings_error(root: int, trainings: Sequence[TreeNode], shown: int = 5) -> TorchwatchError:
+    """The one-line refusal of ``attach ROOT`` when ROOT's tree holds several trainings."""
+    listed = ", ".join(f"PID {n.pid} ({' '.join(n.cmdline)[:60] or n.name})" for n in trainings[:shown])
+    more = f" and {len(trainings) - shown} more" if len(trainings) > shown else ""
+    return TorchwatchError(
+        f"PID {root} is not a training and its tree holds {len(trainings)} trainings: {listed}{more}",
+        f"attach to one of them (torchwatch attach {trainings[0].pid}), or watch them all with: torchwatch serve",
+    )
 
 
 def _pid_ns(pid: int) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -20,6 +20,7 @@ from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.filter import LineFilter, Monochrome, NoColor
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Log, OptionList, Static, TabbedContent, TabPane
 
@@ -55,6 +56,9 @@ NAVIGATION_HELP = (
     ("s (processes)", "sort by CPU, RSS, reads or PID"),
     ("escape", "back / close"),
 )
+
+
+_NO_COLOR = NoColor()  # every style's colours replaced by the terminal's defaults
 
 
 class Watched(Protocol):
@@ -134,6 +138,15 @@ class WatchApp(App[None]):
         self._reader: Reader | None = None
         self._pending: Observation | None = None
         self._held_lines: deque[str] = deque(maxlen=2000)
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """Textual's line filters; with ``NO_COLOR`` set, no colour at all (no-color.org: "prevents
+        the addition of ANSI color"), where Textual's own answer to it, its Monochrome filter, still
+        draws every cell in 24-bit greys (242 colour sequences on one screen, counted in tmux)."""
+        filters = list(super().get_line_filters())
+        if not self.no_color:
+            return filters
+        return [f for f in filters if not isinstance(f, Monochrome)] + [_NO_COLOR]
 
     # -- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
