@@ -392,3 +392,25 @@ def test_sampling_option_refuses_other_values(capsys: pytest.CaptureFixture[str]
     assert main(["attach", "--headless", "--sampling", "slow", "1"]) == 2
     line = error_line(capsys)
     assert "--sampling" in line and "fast" in line
+
+
+def test_after_a_failed_injection_the_line_says_whether_the_training_still_runs() -> None:
+    """A training whose main thread neither ran nor woke in the 0.5 s after a failed injection
+    is said to be possibly stuck; one that computes runs on; one that is gone is said gone."""
+    import signal
+    import subprocess
+
+    from torchwatch.cli.injecting import _runs_after_failure
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert "its main thread runs on" in _runs_after_failure(busy.pid)
+        stopped.send_signal(signal.SIGSTOP)
+        time.sleep(0.1)
+        assert "has not run in the 0.5 s since" in _runs_after_failure(stopped.pid)
+    finally:
+        for p in (busy, stopped):
+            p.kill()
+            p.wait()
+    assert "is gone" in _runs_after_failure(busy.pid)

@@ -292,6 +292,7 @@ def test_read_target_from_a_fake_proc(tmp_path: Path) -> None:
 class _FakeMaps(Maps):
     def __init__(self, ranges: list[tuple[int, int, str]], exe: str = "/usr/bin/python3.12") -> None:
         self.ranges, self.exe, self.pid = ranges, exe, 0
+        self.code = [r for r in ranges if r[2]]  # every named mapping is code here
 
     def reload(self) -> None:
         pass
@@ -300,7 +301,7 @@ class _FakeMaps(Maps):
 @pytest.mark.parametrize(
     ("line", "safe", "where"),
     [
-        ("202 0x1 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", True, "futex"),
+        ("202 0x1 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", False, "futex (a lock wait)"),
         ("230 0x1 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", True, "clock_nanosleep"),
         ("9 0x0 0x1000 0x3 0x22 0xffffffff 0x0 0x7ffd 0x7f0010", False, "syscall 9"),  # mmap: malloc may hold a lock
         ("-1 0x7ffd 0x7f0010", False, "libc.so.6"),
@@ -312,13 +313,57 @@ class _FakeMaps(Maps):
     ],
 )
 def test_safe_point_classification(line: str, safe: bool, where: str) -> None:
-    maps = _FakeMaps(
-        [
-            (0x5000, 0x6000, "/usr/bin/python3.12"),
-            (0x7F0000, 0x7F1000, "/usr/lib/x86_64-linux-gnu/libc.so.6"),
-            (0x7F1000, 0x7F2000, "/venv/torch/lib/libtorch_cpu.so"),
-            (0x7F2000, 0x7F3000, "/usr/lib/libpython3.12.so.1.0"),
-            (0x9000, 0xA000, ""),
-        ]
-    )
-    assert classify(line, maps, "x86_64") == (safe, where)
+    assert classify(line, _MAPS, "x86_64") == (safe, where)
+
+
+_MAPS = _FakeMaps(
+    [
+        (0x5000, 0x6000, "/usr/bin/python3.12"),
+        (0x7F0000, 0x7F1000, "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        (0x7F1000, 0x7F2000, "/venv/torch/lib/libtorch_cpu.so"),
+        (0x7F2000, 0x7F3000, "/usr/lib/libpython3.12.so.1.0"),
+        (0x7F3000, 0x7F4000, "/usr/lib/python3.12/lib-dynload/select.cpython-312-x86_64-linux-gnu.so"),
+        (0x9000, 0xA000, ""),
+    ]
+)
+
+
+def _stack(*words: int) -> bytes:
+    return b"".join(w.to_bytes(8, "little") for w in words)
+
+
+@pytest.mark.parametrize(
+    ("line", "stack", "safe", "where"),
+    [
+        # time.sleep: clock_nanosleep in libc, called by the interpreter (stale data and libc frames skipped)
+        ("230 0x1 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", _stack(0x1234, 0x7F0100, 0x7F2200), True,
+         "clock_nanosleep from libpython3.12.so.1.0"),
+        # select.poll in a standard-library extension module
+        ("7 0x1 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", _stack(0x7F3010), True,
+         "poll from select.cpython-312-x86_64-linux-gnu.so"),
+        # a read made by torch's own code may hold torch's locks
+        ("0 0x1 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", _stack(0x7F0200, 0x7F1500, 0x7F2200), False,
+         "read from libtorch_cpu.so"),
+        ("230 0x1 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", _stack(0x42, 0x9010), False,
+         "clock_nanosleep from unknown code"),
+        # a futex wait never, whoever made it (the GIL's own hand-over waits on one)
+        ("202 0x1 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010", _stack(0x7F2200), False, "futex (a lock wait)"),
+    ],
+)  # fmt: skip
+def test_a_wait_is_safe_only_when_the_interpreter_made_it(line: str, stack: bytes, safe: bool, where: str) -> None:
+    asked: list[int] = []
+
+    def read(sp: int) -> bytes:
+        asked.append(sp)
+        return stack
+
+    assert classify(line, _MAPS, "x86_64", read) == (safe, where)
+    assert asked in ([0x7FFD], [])  # the stack is read from the stack pointer of the syscall line
+
+
+def test_an_unreadable_stack_is_no_safe_point() -> None:
+    def fails(sp: int) -> bytes:
+        raise OSError("gone")
+
+    line = "230 0x1 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f0010"
+    assert classify(line, _MAPS, "x86_64", fails) == (False, "clock_nanosleep, its stack unreadable")

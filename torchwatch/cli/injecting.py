@@ -11,6 +11,7 @@ is read as it is, and left in place.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,39 @@ def _already_hooked(outcome: Outcome) -> str | None:
     return None
 
 
+RAN_CHECK_S = 0.5
+
+
+def _main_thread_counters(pid: int) -> tuple[int, int]:
+    """``pid``'s main thread: nanoseconds on a CPU (schedstat) and context switches so far.
+
+    Raises:
+        OSError, ValueError, IndexError: the files are gone or unreadable.
+    """
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        ran = int(f.read().split()[0])
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
+        switches = sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+    return ran, switches
+
+
+def _runs_after_failure(pid: int) -> str:
+    """After an injection that was tried and failed: whether the training's main thread ran at all
+    in the next :data:`RAN_CHECK_S` s (on a CPU, or woke up), as ``"; ..."`` to add to the line."""
+    try:
+        before = _main_thread_counters(pid)
+        time.sleep(RAN_CHECK_S)
+        after = _main_thread_counters(pid)
+    except (OSError, ValueError, IndexError):
+        return f"; PID {pid} is gone or no longer readable"
+    if after != before:
+        return f"; its main thread runs on ({RAN_CHECK_S:g} s checked)"
+    return (
+        f"; its main thread has not run in the {RAN_CHECK_S:g} s since: it may be waiting, or stuck "
+        f"(see py-spy dump --pid {pid})"
+    )
+
+
 def inject_hook(injector: Injector, pid: int) -> Injected:
     """Install the hook in ``pid`` (see the module docstring). Never raises; says what it did.
 
@@ -95,11 +129,12 @@ def inject_hook(injector: Injector, pid: int) -> Injected:
     if evidence is not None:
         found = Injected(pid, True, False, f"torchwatch: {evidence}: reading it, nothing injected")
     elif not outcome.ok:
+        runs = "" if outcome.method is None else _runs_after_failure(pid)
         found = Injected(
             pid,
             False,
             False,
-            f"torchwatch: watching PID {pid} from outside only ({OUTSIDE_ONLY}): {outcome.reason} "
+            f"torchwatch: watching PID {pid} from outside only ({OUTSIDE_ONLY}): {outcome.reason}{runs} "
             "(or attach with --no-inject to skip trying)",
         )
     elif value.get("already"):

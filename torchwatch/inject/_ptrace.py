@@ -36,6 +36,7 @@ Each answer is ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -43,6 +44,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 MAGIC = b"--- hypno code start ---"  # hypno's marker for the code slot in its library
@@ -101,26 +103,38 @@ _UNSAFE_LIBS = re.compile(
     r"libjemalloc|libtcmalloc|libmimalloc)"
 )
 _SAFE_SPECIAL = ("[vdso]", "[vsyscall]")
+# Waits on a lock or condition: never safe, whoever waits. The interpreter waits on futexes inside
+# the GIL's hand-over too (take_gil, drop_gil's switch condition), where code run on the thread
+# takes the GIL again and can wait on the condition the suspended wait was signalled for: a
+# training with DataLoader workers was left stuck so, 3 times in 6 runs of 25 injections.
+_LOCK_WAITS = frozenset({"futex", "futex_waitv"})
+# Where a waiting system call is made from on behalf of its caller: skipped when looking for the caller.
+_WAIT_WRAPPERS = re.compile(r"^(libc[.-]|ld-linux|ld-musl|libpthread)")
+STACK_SCAN_BYTES = 16 * 1024
 
 
 class Maps:
-    """The target's memory mappings: which file an address belongs to."""
+    """The target's memory mappings: which file an address belongs to, and which are code."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.exe = os.path.realpath(f"/proc/{pid}/exe")
         self.ranges: list[tuple[int, int, str]] = []
+        self.code: list[tuple[int, int, str]] = []
         self.reload()
 
     def reload(self) -> None:
         """Read ``/proc/PID/maps`` again (a library loaded since)."""
-        ranges = []
+        ranges, code = [], []
         with open(f"/proc/{self.pid}/maps") as f:
             for line in f:
                 parts = line.split(maxsplit=5)
                 lo, _, hi = parts[0].partition("-")
-                ranges.append((int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else ""))
-        self.ranges = ranges
+                entry = (int(lo, 16), int(hi, 16), parts[5].strip() if len(parts) > 5 else "")
+                ranges.append(entry)
+                if "x" in parts[1]:
+                    code.append(entry)
+        self.ranges, self.code = ranges, code
 
     def name(self, address: int) -> str | None:
         """The path (or ``[vdso]``-like name, or ``""`` for anonymous memory) mapped at ``address``."""
@@ -129,18 +143,69 @@ class Maps:
                 return name
         return None
 
+    def code_name(self, address: int) -> str | None:
+        """The file of the executable mapping holding ``address``; ``None`` when it is no code."""
+        for lo, hi, name in self.code:
+            if lo <= address < hi:
+                return name
+        return None
 
-def classify(syscall_line: str, maps: Maps, arch: str) -> tuple[bool, str]:
+    def end_of(self, address: int) -> int | None:
+        """The end of the mapping holding ``address`` (how much stack there is to read above SP)."""
+        for lo, hi, _ in self.ranges:
+            if lo <= address < hi:
+                return hi
+        return None
+
+
+def waiter(stack: bytes, maps: Maps) -> str | None:
+    """The library that made a waiting system call: the first return address found scanning up
+    the stack from the stack pointer that lies in code outside the C library (which holds the
+    wait functions themselves); ``None`` when none is found.
+
+    A scan for code addresses can take a stale value for a return address; it errs towards
+    "unsafe" in practice, since the interpreter is the one caller that makes a wait safe.
+    """
+    for i in range(0, len(stack) - 7, 8):
+        path = maps.code_name(int.from_bytes(stack[i : i + 8], "little"))
+        if not path or path in _SAFE_SPECIAL or _WAIT_WRAPPERS.match(os.path.basename(path)):
+            continue
+        return path
+    return None
+
+
+def _interpreter(path: str, maps: Maps) -> bool:
+    """CPython itself: its executable, libpython, or a standard-library extension module
+    (``lib-dynload``: select, _queue, _socket, _multiprocessing), whose blocking calls release
+    the GIL and hold no lock of their own while they wait."""
+    base = os.path.basename(path)
+    return os.path.realpath(path) == maps.exe or base.startswith("libpython") or "/lib-dynload/" in path
+
+
+def classify(
+    syscall_line: str, maps: Maps, arch: str, read_stack: Callable[[int], bytes] | None = None
+) -> tuple[bool, str]:
     """Whether a thread stopped as ``/proc/PID/syscall`` says is at a safe point, and where it is.
+
+    A waiting system call is safe only when the interpreter made it outside its own locks
+    (time.sleep, select and poll, reading a pipe or socket): code run on the thread then meets no
+    lock the thread holds. A futex wait never is (see :data:`_LOCK_WAITS`).
+    A wait made from a library's own code (a mutex inside a torch op, seen in PyTorch's
+    ``record_function`` while a DataLoader's workers started) may hold a lock the injected code
+    then needs, or hold the GIL that another thread needs to let that lock go: injecting there
+    left a training with DataLoader workers stuck for good.
 
     Args:
         syscall_line: ``"NR ARG1..ARG6 SP PC"`` (in a system call), ``"-1 SP PC"`` (in user
             code) or ``"running"``.
         maps: the target's mappings.
         arch: ``os.uname().machine``.
+        read_stack: reads :data:`STACK_SCAN_BYTES` (or up to the mapping's end) of the thread's
+            stack from an address; ``None`` skips the caller check (tests of the rest).
 
     Returns:
-        ``(safe, where)``, e.g. ``(True, "futex")``, ``(False, "libc.so.6")``.
+        ``(safe, where)``, e.g. ``(True, "futex from libpython3.11.so.1.0")``,
+        ``(False, "futex from libtorch_cpu.so")``, ``(False, "libc.so.6")``.
     """
     fields = syscall_line.split()
     if not fields or fields[0] == "running":
@@ -152,7 +217,19 @@ def classify(syscall_line: str, maps: Maps, arch: str) -> tuple[bool, str]:
         return False, "unreadable"
     if nr >= 0:
         name = _WAITING_SYSCALLS.get(arch, {}).get(nr)
-        return (True, name) if name else (False, f"syscall {nr}")
+        if not name:
+            return False, f"syscall {nr}"
+        if name in _LOCK_WAITS:
+            return False, f"{name} (a lock wait)"
+        if read_stack is None:
+            return True, name
+        try:
+            caller = waiter(read_stack(int(fields[-2], 16)), maps)
+        except (OSError, ValueError):
+            return False, f"{name}, its stack unreadable"
+        if caller is None:
+            return False, f"{name} from unknown code"
+        return _interpreter(caller, maps), f"{name} from {os.path.basename(caller)}"
     path = maps.name(pc)
     if path is None:
         maps.reload()
@@ -216,6 +293,93 @@ class VectorState:
         self._call(_PTRACE_SETREGSET, "restore")
 
 
+_PTRACE_GETSIGMASK, _PTRACE_SETSIGMASK = 0x420A, 0x420B  # linux/ptrace.h, since Linux 3.11
+_PTRACE_SEIZE, _PTRACE_INTERRUPT, _PTRACE_DETACH = 0x4206, 0x4207, 17
+_PTRACE_EVENT_STOP = 128
+_WALL = 0x40000000  # waitpid: any thread, clone or not
+_SIGSET_BYTES = 8  # the kernel's sigset_t: 64 signals
+_ALL_SIGNALS = (1 << 64) - 1  # SIGKILL and SIGSTOP cannot be blocked: the kernel leaves them out
+
+
+class BlockedSignals:
+    """Every signal blocked on the target's main thread for the ``with`` block, then its own mask back.
+
+    pyinjector runs code on the target's thread (a remote ``mmap`` when it attaches, then
+    ``dlopen``) by setting its registers and letting it go until it traps back. A signal that
+    arrives meanwhile (an interval timer's SIGALRM, the SIGCHLD of a forked child or of a
+    DataLoader worker, which PyTorch handles) stops the thread in signal-delivery-stop first;
+    pyinjector takes that for failure and gives up half way, its code and registers in place
+    ("The target process unexpectedly stopped by signal 14"). Seen with a 100 Hz and a 2 kHz
+    timer, a fork every step and DataLoader workers: trainings stuck for good, or corrupted
+    (``SystemError: unknown opcode``).
+
+    So, as a debugger holds them, the signals wait: this seizes the thread (``PTRACE_SEIZE`` +
+    ``PTRACE_INTERRUPT``, no SIGSTOP sent), saves its mask, blocks everything and lets it go;
+    pyinjector then attaches and calls with no signal able to stop the thread; at the end the
+    saved mask goes back the same way. Meanwhile a process-directed signal goes to another
+    thread that does not block it (CPython's C handler only flags it for the main thread) or
+    waits, pending, for the mask to come back (ticks of a timer that came meanwhile arrive as
+    one, as under any load). A signal that was being delivered when the thread was seized is
+    handed back to it as the seize ends.
+
+    Must be used from one thread (ptrace requests belong to the tracer thread).
+
+    Raises:
+        OSError: the thread could not be seized or its mask read or set (then nothing was changed,
+            or the saved mask was put back), or the process exited.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self.libc.ptrace.restype = ctypes.c_long
+        self.saved: ctypes.c_uint64 | None = None
+
+    def __enter__(self) -> BlockedSignals:
+        saved = ctypes.c_uint64(0)
+
+        def block() -> None:
+            self._ptrace(_PTRACE_GETSIGMASK, _SIGSET_BYTES, ctypes.addressof(saved), "read the signal mask")
+            everything = ctypes.c_uint64(_ALL_SIGNALS)
+            self._ptrace(_PTRACE_SETSIGMASK, _SIGSET_BYTES, ctypes.addressof(everything), "block the signals")
+
+        self._stopped(block)
+        self.saved = saved
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        saved = self.saved
+        if saved is not None:
+            self._stopped(
+                lambda: self._ptrace(_PTRACE_SETSIGMASK, _SIGSET_BYTES, ctypes.addressof(saved), "restore the mask")
+            )
+
+    def _ptrace(self, request: int, addr: int, data: int, what: str) -> None:
+        if self.libc.ptrace(request, self.pid, addr, data) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot {what} of PID {self.pid}: {os.strerror(err)}")
+
+    def _stopped(self, action: Callable[[], None]) -> None:
+        """Run ``action`` while the thread is in a ptrace-stop of this seize, then let it go."""
+        self._ptrace(_PTRACE_SEIZE, 0, 0, "seize the main thread")
+        resume_with = 0
+        try:
+            self._ptrace(_PTRACE_INTERRUPT, 0, 0, "stop the main thread")
+            while True:
+                _, status = os.waitpid(self.pid, _WALL)
+                if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                    raise OSError(f"PID {self.pid} exited")
+                if os.WIFSTOPPED(status):
+                    if status >> 16 != _PTRACE_EVENT_STOP:
+                        resume_with = os.WSTOPSIG(status)  # a signal on its way in: it goes on after
+                    break
+            action()
+        finally:
+            with contextlib.suppress(OSError):
+                self._ptrace(_PTRACE_DETACH, 0, resume_with, "let the main thread go")
+
+
 def library_with_code(code: bytes) -> bytes:
     """hypno's injection library with ``code`` in its code slot (what ``hypno.inject_py`` writes).
 
@@ -234,6 +398,28 @@ def library_with_code(code: bytes) -> bytes:
         raise ValueError(f"injected code is {len(code)} bytes, hypno takes at most {limit}")
     start = at - 1
     return lib[:start] + code + b"\0" + lib[start + len(code) + 1 :]
+
+
+class _Stack:
+    """Reads the target's stack through ``/proc/PID/mem`` (allowed to its tracer)."""
+
+    def __init__(self, pid: int, maps: Maps) -> None:
+        self.pid, self.maps = pid, maps
+
+    def read(self, sp: int) -> bytes:
+        """Up to :data:`STACK_SCAN_BYTES` from ``sp``, never past the end of its mapping.
+
+        Raises:
+            OSError: the memory could not be read.
+        """
+        end = self.maps.end_of(sp)
+        if end is None:
+            raise OSError(f"no mapping holds the stack pointer {sp:#x}")
+        fd = os.open(f"/proc/{self.pid}/mem", os.O_RDONLY)
+        try:
+            return os.pread(fd, min(STACK_SCAN_BYTES, end - sp), sp)
+        finally:
+            os.close(fd)
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -257,6 +443,7 @@ def inject(pid: int, start_ticks: str, library: str, window_s: float) -> dict[st
         return {"ok": False, "error": f"pyinjector cannot be imported: {exc}", "tries": 0}
     arch = os.uname().machine
     maps = Maps(pid)
+    stack = _Stack(pid, maps)
     deadline = time.monotonic() + window_s
     tries, held, where = 0, 0.0, ""
     while True:
@@ -265,9 +452,9 @@ def inject(pid: int, start_ticks: str, library: str, window_s: float) -> dict[st
         tries += 1
         loaded = False
         t0 = time.monotonic()
-        with attach(pid) as injector:
+        with BlockedSignals(pid), attach(pid) as injector:
             with open(f"/proc/{pid}/syscall") as f:
-                safe, where = classify(f.read(), maps, arch)
+                safe, where = classify(f.read(), maps, arch, stack.read)
             if safe:
                 vector = VectorState(pid, arch)  # raises OSError: then nothing is injected
                 t1 = time.monotonic()

@@ -17,11 +17,15 @@ following links, size-capped, schema- and token-checked, and the directory is re
 afterwards (only the names torchwatch expects; an ``out/`` the target filled with anything
 else is left).
 
-Known risks of the ptrace path (kubo/injector's README and source, hypno's source): a
-signal that reaches the target's main thread while the library loads makes the injector give
-up half way (the error names the signal; the process may then be left unusable); a thread
-stopped inside ``malloc`` would deadlock, which the safe-point search in the helper avoids;
-the vector registers the injected code uses are put back by the helper, not by pyinjector.
+Risks of the ptrace path (kubo/injector's README and source, hypno's source) and how the
+helper meets them: a signal that reaches the target's main thread while pyinjector runs code
+on it makes pyinjector give up half way, so every signal is blocked on that thread for the
+attach and put back after (:class:`torchwatch.inject._ptrace.BlockedSignals`); a thread stopped
+inside ``malloc``, a lock wait or the GIL's hand-over would deadlock, so only waits the
+interpreter makes outside its locks and code outside the C library and the interpreter count as
+safe moments (:func:`torchwatch.inject._ptrace.classify`); the vector registers the injected
+code uses are put back by the helper, not by pyinjector; and an injected call that does not
+return in time (the GIL held elsewhere) is left to finish, never cut off (:class:`_Helper`).
 """
 
 from __future__ import annotations
@@ -213,11 +217,23 @@ def _remote_exec(pid: int, script: Path) -> str | None:
     return None
 
 
+_LEFT_TO_FINISH: list[subprocess.Popen[str]] = []  # helpers still inside an injected call: never killed
+
+
 class _Helper:
-    """The ptrace helper process (:mod:`torchwatch.inject._ptrace`), started once and reused."""
+    """The ptrace helper process (:mod:`torchwatch.inject._ptrace`), started once and reused.
+
+    A helper whose answer does not come in time is inside an injected call that has not
+    returned: the target's main thread runs torchwatch's code and waits (for the GIL held by
+    another thread in C code, say). Killing the helper then would leave the target with
+    pyinjector's registers and trap in place (a training stuck for good, ``trap int3`` in the
+    kernel log). So it is left to finish: its input is closed, it ends by itself once the call
+    returns and the target's registers are back, and this helper takes no more requests.
+    """
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
+        self.stuck: str | None = None
 
     def start(self) -> str | None:
         """Start it if it is not running; the reason when it cannot be started."""
@@ -238,6 +254,8 @@ class _Helper:
 
     def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send one request and wait up to ``timeout_s`` for its answer."""
+        if self.stuck is not None:
+            return {"ok": False, "error": self.stuck}
         why = self.start()
         if why:
             return {"ok": False, "error": why}
@@ -252,18 +270,30 @@ class _Helper:
             self.close()
             return {"ok": False, "error": f"the injector failed: {exc}"}
         if not ready:
-            self.close()
-            return {
-                "ok": False,
-                "error": f"the injector did not return within {timeout_s:g} s; PID {request['pid']} may be stuck "
-                f"in the injected call (check it with: py-spy dump --pid {request['pid']})",
-            }
+            pid = request["pid"]
+            self.stuck = (
+                f"an earlier injection into PID {pid} has not returned: its main thread is still in the injected "
+                f"call (waiting for the GIL or a lock, see py-spy dump --pid {pid}); torchwatch lets it finish "
+                "rather than stop it half way, and injects nothing more this run"
+            )
+            self._leave_to_finish()
+            return {"ok": False, "error": f"the injector did not return within {timeout_s:g} s: {self.stuck}"}
         try:
             answer = json.loads(line)
         except ValueError:
             self.close()
             return {"ok": False, "error": f"the injector stopped (exit status {proc.poll()})"}
         return answer if isinstance(answer, dict) else {"ok": False, "error": "the injector answered nonsense"}
+
+    def _leave_to_finish(self) -> None:
+        """Close the helper's input (it ends after the call in progress) and never kill it."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        _LEFT_TO_FINISH.append(proc)
 
     def close(self) -> None:
         """Stop it (closing its stdin ends it; killed if it does not end within 1 s)."""
