@@ -63,6 +63,17 @@ def _steps(log: Path) -> int:
     return int(found[-1]) if found else 0
 
 
+def _blocked(pid: int) -> int:
+    """The main thread's blocked signals (SigBlk) that stay blocked over 20 reads 10 ms apart
+    (a read inside a signal handler sees that signal blocked for microseconds)."""
+    mask = (1 << 64) - 1
+    for _ in range(20):
+        with open(f"/proc/{pid}/task/{pid}/status") as f:
+            mask &= int(re.search(r"^SigBlk:\s+([0-9a-f]+)", f.read(), re.M).group(1), 16)  # type: ignore[union-attr]
+        time.sleep(0.01)
+    return mask
+
+
 def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -102,6 +113,7 @@ def test_injection_cycles_leave_the_training_as_it_was(
     proc = _run(user, CONDITIONS[condition], log)
     try:
         assert _wait_for(lambda: _steps(log) >= 20, 120), log.read_text()[-2000:]
+        own_mask = _blocked(proc.pid)
         hooked = taken_out = 0
         lines: list[str] = []
         with Injector() as injector:
@@ -120,6 +132,8 @@ def test_injection_cycles_leave_the_training_as_it_was(
                         status = f.read()
                     assert "TracerPid:\t0\n" in status, status
                     assert not re.search(r"^State:\s+[tT]", status, re.M), status
+        if proc.poll() is None:  # its signal mask is its own again (none left blocked by the injections)
+            assert _blocked(proc.pid) == own_mask
         # it trains on by itself to its end, at its pace, with the same numbers
         assert proc.wait(300) == 0, log.read_text()[-2000:]
         text = log.read_text()

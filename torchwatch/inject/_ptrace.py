@@ -299,6 +299,10 @@ _PTRACE_EVENT_STOP = 128
 _WALL = 0x40000000  # waitpid: any thread, clone or not
 _SIGSET_BYTES = 8  # the kernel's sigset_t: 64 signals
 _ALL_SIGNALS = (1 << 64) - 1  # SIGKILL and SIGSTOP cannot be blocked: the kernel leaves them out
+# Bits that may differ from "everything blocked" while it is still in force: SIGKILL and SIGSTOP
+# (never blocked) and SIGTRAP, which pyinjector unblocks while it holds the thread (seen: the
+# mask read 0x...feef under pyinjector for the 0x...feff set).
+_NOT_COMPARED = (1 << (9 - 1)) | (1 << (19 - 1)) | (1 << (5 - 1))
 
 
 class BlockedSignals:
@@ -322,6 +326,18 @@ class BlockedSignals:
     one, as under any load). A signal that was being delivered when the thread was seized is
     handed back to it as the seize ends.
 
+    The mask read when the thread is seized is not always its own: seized inside a signal
+    handler (its C part, microseconds, at a 2 kHz timer's pace), the thread's mask holds that
+    signal until the handler returns, and the return (``sigreturn``) then puts back the mask of
+    before the handler, over the one set here. Put back blindly, the saved mask left SIGALRM
+    blocked for good and the injection that followed ran unprotected (a training's interpreter
+    was left unreadable, once in 1,200 injections). So the mask is read again once pyinjector
+    holds the thread (:meth:`hold`): if it is no longer "everything blocked", the thread's own
+    mask is the one read then, and everything is blocked again for the calls; :meth:`release`
+    puts the thread's own mask back while pyinjector still holds it. When pyinjector never got
+    hold of it, the end of the ``with`` block puts the saved mask back only if "everything
+    blocked" is still in force (else the thread has its own mask again).
+
     Must be used from one thread (ptrace requests belong to the tracer thread).
 
     Raises:
@@ -335,25 +351,60 @@ class BlockedSignals:
         self.libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         self.libc.ptrace.restype = ctypes.c_long
         self.saved: ctypes.c_uint64 | None = None
+        self.own: ctypes.c_uint64 | None = None  # the thread's own mask, once known while held
+        self.released = False
+        self.everything = _ALL_SIGNALS
+
+    def _get(self) -> ctypes.c_uint64:
+        mask = ctypes.c_uint64(0)
+        self._ptrace(_PTRACE_GETSIGMASK, _SIGSET_BYTES, ctypes.addressof(mask), "read the signal mask")
+        return mask
+
+    def _set(self, mask: ctypes.c_uint64, what: str) -> None:
+        self._ptrace(_PTRACE_SETSIGMASK, _SIGSET_BYTES, ctypes.addressof(mask), what)
+
+    def _ours(self, mask: int) -> bool:
+        """``mask`` is still the "everything blocked" set here."""
+        return mask | _NOT_COMPARED == self.everything | _NOT_COMPARED
+
+    def hold(self) -> None:
+        """With the thread held by pyinjector (the same tracer thread): find its own mask and make
+        sure everything is blocked for the calls to come."""
+        now = self._get()
+        if self._ours(now.value):
+            self.own = self.saved
+        else:  # a handler returned since, or the thread set its mask itself: that mask is its own
+            self.own = now
+            self._set(ctypes.c_uint64(_ALL_SIGNALS), "block the signals")
+
+    def release(self) -> None:
+        """With the thread still held by pyinjector: its own mask back."""
+        if self.own is not None:
+            self._set(self.own, "restore the mask")
+            self.released = True
 
     def __enter__(self) -> BlockedSignals:
-        saved = ctypes.c_uint64(0)
+        found: list[ctypes.c_uint64] = []
 
         def block() -> None:
-            self._ptrace(_PTRACE_GETSIGMASK, _SIGSET_BYTES, ctypes.addressof(saved), "read the signal mask")
-            everything = ctypes.c_uint64(_ALL_SIGNALS)
-            self._ptrace(_PTRACE_SETSIGMASK, _SIGSET_BYTES, ctypes.addressof(everything), "block the signals")
+            found.append(self._get())
+            self._set(ctypes.c_uint64(_ALL_SIGNALS), "block the signals")
+            self.everything = self._get().value  # as the kernel keeps it: SIGKILL, SIGSTOP and the like left out
 
         self._stopped(block)
-        self.saved = saved
+        self.saved = found[0]
         return self
 
     def __exit__(self, *exc: object) -> None:
         saved = self.saved
-        if saved is not None:
-            self._stopped(
-                lambda: self._ptrace(_PTRACE_SETSIGMASK, _SIGSET_BYTES, ctypes.addressof(saved), "restore the mask")
-            )
+        if saved is None or self.released:
+            return
+
+        def restore() -> None:
+            if self._ours(self._get().value):  # still ours: else the thread has its own mask again
+                self._set(saved, "restore the mask")
+
+        self._stopped(restore)
 
     def _ptrace(self, request: int, addr: int, data: int, what: str) -> None:
         if self.libc.ptrace(request, self.pid, addr, data) != 0:
@@ -452,19 +503,23 @@ def inject(pid: int, start_ticks: str, library: str, window_s: float) -> dict[st
         tries += 1
         loaded = False
         t0 = time.monotonic()
-        with BlockedSignals(pid), attach(pid) as injector:
-            with open(f"/proc/{pid}/syscall") as f:
-                safe, where = classify(f.read(), maps, arch, stack.read)
-            if safe:
-                vector = VectorState(pid, arch)  # raises OSError: then nothing is injected
-                t1 = time.monotonic()
-                try:
-                    handle = injector.inject(library.encode())
-                    injector.uninject(handle)
-                finally:
-                    vector.restore()
-                load = time.monotonic() - t1
-                loaded = True
+        with BlockedSignals(pid) as blocked, attach(pid) as injector:
+            blocked.hold()
+            try:
+                with open(f"/proc/{pid}/syscall") as f:
+                    safe, where = classify(f.read(), maps, arch, stack.read)
+                if safe:
+                    vector = VectorState(pid, arch)  # raises OSError: then nothing is injected
+                    t1 = time.monotonic()
+                    try:
+                        handle = injector.inject(library.encode())
+                        injector.uninject(handle)
+                    finally:
+                        vector.restore()
+                    load = time.monotonic() - t1
+                    loaded = True
+            finally:
+                blocked.release()
         held = max(held, time.monotonic() - t0)
         if loaded:
             return {"ok": True, "tries": tries, "where": where, "held_s": held, "load_s": load}
