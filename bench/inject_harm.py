@@ -27,14 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = REPO / "tests" / "integration" / "_harm_target.py"
-CONDITIONS = {
-    "timer-100Hz": ["--timer-hz", "100"],
-    "timer-2kHz": ["--timer-hz", "2000"],
-    "fork-every-step": ["--fork-every-step"],
-    "dataloader-workers": ["--workers", "2"],
-    "all-at-once": ["--timer-hz", "2000", "--fork-every-step", "--workers", "2", "--threads", "16"],
-    "gil-held-in-c": ["--gil-hold-s", "1.5"],
-}
+sys.path.insert(0, str(REPO))
+from tests.integration._harm_target import CONDITIONS  # noqa: E402
 
 
 def _run(args: list[str], log: Path, steps: int, as_nobody: bool) -> subprocess.Popen[bytes]:

@@ -30,6 +30,16 @@ import time
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+# The conditions the stress test and bench/inject_harm.py put injection through, by name.
+CONDITIONS = {
+    "timer-100Hz": ["--timer-hz", "100"],
+    "timer-2kHz": ["--timer-hz", "2000"],
+    "fork-every-step": ["--fork-every-step"],
+    "dataloader-workers": ["--workers", "2"],
+    "all-at-once": ["--timer-hz", "2000", "--fork-every-step", "--workers", "2", "--threads", "16"],
+    "gil-held-in-c": ["--gil-hold-s", "1.5"],
+}
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()

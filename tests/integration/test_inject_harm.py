@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from tests import users
+from tests.integration._harm_target import CONDITIONS
 from tests.integration.conftest import REPO
 from torchwatch.cli.injecting import detach_hook, inject_hook
 from torchwatch.inject.injector import Injector
@@ -36,14 +37,6 @@ pytestmark = pytest.mark.integration
 TARGET = REPO / "tests" / "integration" / "_harm_target.py"
 CYCLES = int(os.environ.get("INJECT_STRESS_CYCLES", "10"))
 STEPS = int(os.environ.get("INJECT_STRESS_STEPS", str(max(300, 30 * CYCLES))))  # outlasts the cycles
-CONDITIONS = {
-    "timer-100Hz": ["--timer-hz", "100"],
-    "timer-2kHz": ["--timer-hz", "2000"],
-    "fork-every-step": ["--fork-every-step"],
-    "dataloader-workers": ["--workers", "2"],
-    "all-at-once": ["--timer-hz", "2000", "--fork-every-step", "--workers", "2", "--threads", "16"],
-    "gil-held-in-c": ["--gil-hold-s", "1.5"],
-}
 _CHECKSUM = re.compile(r"checksum (\S+) ticks")
 
 

@@ -285,24 +285,26 @@ class _Helper:
             return {"ok": False, "error": f"the injector stopped (exit status {proc.poll()})"}
         return answer if isinstance(answer, dict) else {"ok": False, "error": "the injector answered nonsense"}
 
-    def _leave_to_finish(self) -> None:
-        """Close the helper's input (it ends after the call in progress) and never kill it."""
+    def _end_input(self) -> subprocess.Popen[str] | None:
+        """Take the helper out of service and close its input (it ends after the call in progress)."""
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(OSError, ValueError):
-            if proc.stdin is not None:
-                proc.stdin.close()
-        _LEFT_TO_FINISH.append(proc)
+        if proc is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+        return proc
+
+    def _leave_to_finish(self) -> None:
+        """Close the helper's input and never kill it."""
+        proc = self._end_input()
+        if proc is not None:
+            _LEFT_TO_FINISH.append(proc)
 
     def close(self) -> None:
         """Stop it (closing its stdin ends it; killed if it does not end within 1 s)."""
-        proc, self.proc = self.proc, None
+        proc = self._end_input()
         if proc is None:
             return
-        with contextlib.suppress(OSError, ValueError):
-            if proc.stdin is not None:
-                proc.stdin.close()
         try:
             proc.wait(1.0)
         except subprocess.TimeoutExpired:
