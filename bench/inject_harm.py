@@ -56,6 +56,17 @@ def _finish(proc: subprocess.Popen[bytes], log: Path, started: float) -> tuple[i
     return code, found.group(1).decode() if found else "none", took
 
 
+def _nobody_can_run() -> bool:
+    """Whether ``nobody`` can run this Python with torch (not when it lives under /root, say)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import torch"], user="nobody", group="nogroup", capture_output=True, check=False
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attaches", type=int, default=5)
@@ -63,12 +74,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=0, help="training steps (default: outlasts the attaches)")
     args = parser.parse_args()
     steps = args.steps or max(400, int(args.attaches * (args.duration + 3) * 60))
-    as_nobody = os.geteuid() == 0 and (
-        subprocess.run(
-            [sys.executable, "-c", "import torch"], user="nobody", group="nogroup", capture_output=True, check=False
-        ).returncode
-        == 0
-    )
+    as_nobody = os.geteuid() == 0 and _nobody_can_run()
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o777)
         clean_log = Path(tmp) / "clean.log"
