@@ -132,9 +132,14 @@ def remove(user: User) -> None:
     throw-away user was started by the test), then ``userdel`` it (files it left stay)."""
     import psutil
 
+    killed = []
     for proc in psutil.process_iter(["uids"]):
         uids = proc.info.get("uids")
         if uids is not None and uids.real == user.uid:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+                killed.append(proc)
+    # userdel refuses a user whose process still exists: the killed ones (a training's orphaned
+    # DataLoader workers, say) must be gone first, or the user stays behind
+    psutil.wait_procs(killed, timeout=10)
     subprocess.run(["userdel", user.name], check=False, capture_output=True)
