@@ -128,6 +128,42 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         },
         "tree_cpu_saturation",
     ),
+    # Beside one busy process on 2 CPUs: the loop's intra-op thread waits for a CPU 30 % of the time.
+    "cpu-contention": (
+        {"cpu_wait_share": 0.3, "foreign_cpu_cores": 1.0, "usable_cpus": 2.0, "intra_op_threads": 2.0},
+        # the same wait with no neighbour: it comes from inside the training, not from others
+        {"cpu_wait_share": 0.3, "foreign_cpu_cores": 0.1, "usable_cpus": 2.0, "intra_op_threads": 2.0},
+        "foreign_cpu_cores",
+    ),
+    # OMP_NUM_THREADS=8 on 2 CPUs, threads waiting for a CPU 40 % of the time, no neighbour.
+    "cpu-oversubscribed": (
+        {
+            "cpu_threads_wanted": 8.0,
+            "intra_op_threads": 8.0,
+            "local_ranks": 1.0,
+            "worker_count": 0.0,
+            "usable_cpus": 2.0,
+            "cpu_wait_share": 0.4,
+            "threads_runqueue_share": 0.4,
+        },
+        # as many threads, but none waits for a CPU (they idle between ops): no harm seen
+        {
+            "cpu_threads_wanted": 8.0,
+            "intra_op_threads": 8.0,
+            "local_ranks": 1.0,
+            "worker_count": 0.0,
+            "usable_cpus": 2.0,
+            "cpu_wait_share": 0.3,  # the workers queue for CPUs, the loop's threads do not
+            "threads_runqueue_share": 0.05,
+        },
+        "cpu_threads_wanted",  # no hook: the threads asked for are not known
+    ),
+    # A quota of 1 CPU throttles 80 % of the periods; the group stands still 40 % of the time.
+    "cpu-quota-throttled": (
+        {"cpu_quota_cpus": 1.0, "cpu_throttled_periods_share": 0.8, "cpu_throttled_share": 0.4},
+        {"cpu_quota_cpus": 1.0, "cpu_throttled_periods_share": 0.1, "cpu_throttled_share": 0.02},
+        "cpu_throttled_periods_share",  # no quota
+    ),
     "loader-cpu-in-workers": (
         {"worker_count": 2.0, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.9},
         {"worker_count": 2.0, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.1},

@@ -433,10 +433,12 @@ def test_run_queue_wait_of_the_loop() -> None:
     )
 
 
-def _counted(samples: list[ThreadSample], busy_per_s: float) -> list[ThreadSample]:
-    """``samples`` with scheduler counters growing ``busy_per_s`` s per s, 2/3 on a CPU, 1/3 queued."""
+def _counted(samples: list[ThreadSample], busy_per_s: float, queued: float = 1 / 3) -> list[ThreadSample]:
+    """``samples`` with scheduler counters growing ``busy_per_s`` s per s, ``1 - queued`` of it on a
+    CPU and ``queued`` waiting for one."""
     return [
-        dataclasses.replace(s, run_s=5.0 + s.t * busy_per_s * 2 / 3, runq_s=1.0 + s.t * busy_per_s / 3) for s in samples
+        dataclasses.replace(s, run_s=5.0 + s.t * busy_per_s * (1 - queued), runq_s=1.0 + s.t * busy_per_s * queued)
+        for s in samples
     ]
 
 
@@ -459,11 +461,13 @@ def _interleaved(**waits: int) -> list[ThreadSample]:
 
 
 def test_the_loop_running_share_comes_from_its_scheduler_counters_not_its_state_letters() -> None:
-    """Letters read R 40 % of the time (reads in phase with a loop busy 15 %); the counters say 15 %,
-    and the waits share the other 85 % as their letters do (half sleep, half disk)."""
+    """Letters read R 40 % of the time (reads in phase with a loop busy 15 %); the counters say 15 %
+    (10 % on a CPU, 5 % waiting for one), and the waits share the other 85 % as their letters do
+    (half sleep, half disk)."""
     samples = _counted(_interleaved(RUNNING=40, SLEEP=30, DISK=30), busy_per_s=0.15)
     f = compute(Window(0.0, 10.0, threads=samples), MAIN)
-    assert f["main_running_share"] == pytest.approx(0.15, abs=0.005)
+    assert f["main_running_share"] == pytest.approx(0.10, abs=0.005)
+    assert f["main_runqueue_share"] == pytest.approx(0.05, abs=0.005)
     assert f["main_sleep_share"] == pytest.approx(0.425, abs=0.005)
     assert f["main_disk_share"] == pytest.approx(0.425, abs=0.005)
     letters = compute(Window(0.0, 10.0, threads=_interleaved(RUNNING=40, SLEEP=30, DISK=30)), MAIN)
@@ -472,8 +476,22 @@ def test_the_loop_running_share_comes_from_its_scheduler_counters_not_its_state_
 
 def test_busy_time_no_letter_found_waiting_is_other() -> None:
     f = compute(Window(0.0, 10.0, threads=_counted(_interleaved(RUNNING=100), busy_per_s=0.6)), MAIN)
-    assert f["main_running_share"] == pytest.approx(0.6, abs=0.005)
+    assert f["main_running_share"] == pytest.approx(0.4, abs=0.005)
+    assert f["main_runqueue_share"] == pytest.approx(0.2, abs=0.005)
     assert f["main_sleep_share"] == 0.0
+
+
+def test_waiting_for_a_cpu_is_not_computing() -> None:
+    """A loop that sleeps 40 % of the time beside a busy neighbour: state R 60 % of the samples, but
+    the scheduler says 25 % on a CPU and 35 % waiting for one. The loop's running share (what
+    loop_cpu_share is made of) is the 25 %: no loop-cpu from a neighbour's load; the 35 % is the
+    loop's wait for a CPU."""
+    samples = _counted(_interleaved(RUNNING=60, SLEEP=40), busy_per_s=0.6, queued=0.35 / 0.6)
+    f = compute(Window(0.0, 10.0, threads=samples), MAIN)
+    assert f["main_running_share"] == pytest.approx(0.25, abs=0.005)
+    assert f["main_runqueue_share"] == pytest.approx(0.35, abs=0.005)
+    assert f["main_sleep_share"] == pytest.approx(0.40, abs=0.005)
+    assert f["cpu_wait_share"] == pytest.approx(0.35, abs=0.005)
 
 
 def test_counters_of_several_threads_or_going_back_are_not_used() -> None:
@@ -584,7 +602,7 @@ def test_the_autograd_threads_busy_time_is_the_loops_own_cpu_work() -> None:
     """On CUDA, backward runs on pt_autograd_0 while the main thread sleeps on a futex for it: main
     45 % running, 55 % sync (demo/launch_bound.py on an H200). With the engine thread busy 50 %,
     that 50 % of the main thread's sync time is the loop computing: 95 % running, 5 % sync."""
-    main = _counted(_interleaved(RUNNING=45, SYNC=55), busy_per_s=0.45)
+    main = _counted(_interleaved(RUNNING=45, SYNC=55), busy_per_s=0.45, queued=0.0)
     alone = compute(Window(0.0, 10.0, threads=main), MAIN)
     assert alone["main_sync_share"] == pytest.approx(0.55, abs=0.01)
     assert alone["autograd_running_share"] is None  # a CPU training has no engine thread

@@ -63,8 +63,9 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "main_running_share",
         "share",
         "proc",
-        "main thread on a CPU or runnable (state R, schedstat), less kernel time of reads, plus the time "
-        "its autograd engine thread computed backward while it waited",
+        "main thread on a CPU (schedstat run time; state R where the counters are missing), less kernel "
+        "time of reads, plus the time its autograd engine thread computed backward while it waited; "
+        "waiting for a CPU is main_runqueue_share, not this",
     ),
     (
         "main_disk_share",
@@ -74,6 +75,13 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ),
     ("main_sys_share", "share", "proc", "main thread in kernel mode (stime / wall time)"),
     ("main_runqueue_share", "share", "proc", "main thread ready to run but waiting for a CPU (schedstat)"),
+    (
+        "threads_runqueue_share",
+        "share",
+        "proc",
+        "the training process's thread that waited most for a CPU (intra-op threads meet at a barrier in "
+        "every op: the slowest to get a CPU holds the step), of threads busy >= 10 % of the window (schedstat)",
+    ),
     ("main_sleep_share", "share", "proc", "main thread in a timer sleep (nanosleep)"),
     (
         "main_sync_share",
@@ -90,7 +98,20 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ),
     ("main_net_share", "share", "proc", "main thread blocked reading a socket"),
     ("worker_count", "count", "psutil", "DataLoader worker processes alive now"),
-    ("workers_running_fraction", "share", "proc", "of the workers' producing time, the part on CPU"),
+    (
+        "workers_running_fraction",
+        "share",
+        "proc",
+        "of the workers' producing time, the part on a CPU or waiting for one",
+    ),
+    ("workers_runqueue_fraction", "share", "proc", "of the workers' producing time, the part waiting for a CPU"),
+    (
+        "cpu_wait_share",
+        "share",
+        "proc",
+        "loop time lost waiting for a CPU: the largest of its own thread's and its intra-op threads' run-queue "
+        "share, and its wait on workers times the workers' run-queue fraction (schedstat)",
+    ),
     ("workers_disk_fraction", "share", "proc", "of the workers' producing time, the part blocked on storage"),
     ("workers_other_wait_fraction", "share", "proc", "of the workers' producing time, sleeping or on sockets"),
     ("workers_busy_share", "share", "proc", "workers' main threads producing (not idle on their index queue)"),
@@ -145,6 +166,33 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ("memory_pressure_pct", "%", "psi", "wall time with at least one task stalled on memory (PSI some)"),
     ("mem_available_bytes", "bytes", "psutil", "memory available without swapping (MemAvailable), lowest in window"),
     ("usable_cpus", "CPUs", "proc", "CPUs the training may use (affinity, cgroup quota)"),
+    (
+        "foreign_cpu_cores",
+        "cores",
+        "proc",
+        "CPU used outside the training and outside torchwatch (other processes, what no visible process "
+        "explains), mean over the window",
+    ),
+    ("own_cpu_cores", "cores", "proc", "CPU used by torchwatch and py-spy, mean over the window"),
+    ("cpu_pressure_pct", "%", "psi", "wall time with >= 1 runnable task waiting for a CPU (PSI cpu some)"),
+    ("cpu_quota_cpus", "CPUs", "cgroup", "the cgroup CPU quota that binds the training (cpu.max / cfs_quota_us)"),
+    (
+        "cpu_throttled_periods_share",
+        "share",
+        "cgroup",
+        "the quota's periods in which the training's cgroup was throttled (nr_throttled / nr_periods)",
+    ),
+    ("cpu_throttled_share", "share", "cgroup", "wall time the training's cgroup spent throttled (throttled_usec)"),
+    ("intra_op_threads", "count", "hook", "torch.get_num_threads() in the training process"),
+    ("interop_threads", "count", "hook", "torch.get_num_interop_threads() in the training process"),
+    ("local_ranks", "count", "psutil", "training processes (ranks) on this machine"),
+    (
+        "cpu_threads_wanted",
+        "count",
+        "hook+psutil",
+        "CPU threads the training runs at once: intra-op threads x ranks + DataLoader workers (1 thread each; "
+        "num_workers as set, or alive, the larger)",
+    ),
     ("gpu_count", "count", "nvml", "GPUs read (those the training uses, else all)"),
     ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
     ("gpu_power_ratio", "share", "nvml", "mean power draw / enforced power limit"),
@@ -359,6 +407,18 @@ def _io_kernel(sys_share: float | None, disk_share: float) -> float:
     return 0.0 if sys_share is None else min(sys_share, disk_share)
 
 
+def _sched_shares(samples: Sequence[ThreadSample]) -> tuple[float, float] | None:
+    """``(on a CPU, waiting for a CPU)``: shares of wall time of one thread, from the growth of its
+    ``schedstat`` counters (``run_s``, ``runq_s``) from the first sample to the last. ``None`` as
+    :func:`_busy_share` says."""
+    if len({(s.pid, s.tid) for s in samples}) > 1:
+        return None
+    run, queued = _growth(samples, "run_s"), _growth(samples, "runq_s")
+    if run is None or queued is None or run < 0 or queued < 0:
+        return None
+    return min(1.0, run), min(1.0 - min(1.0, run), queued)
+
+
 def _busy_share(samples: Sequence[ThreadSample]) -> float | None:
     """Share of wall time one thread was on a CPU or ready for one (state R), from the growth of
     its ``schedstat`` counters (``run_s + runq_s``) from the first sample to the last.
@@ -380,32 +440,37 @@ def _busy_share(samples: Sequence[ThreadSample]) -> float | None:
 
 
 def _state_shares(samples: Sequence[ThreadSample]) -> dict[str, float]:
-    """Shares of one thread's (or one group's) time in each state: ``running`` less the kernel
-    time of storage reads, ``disk`` (state D, file reads, plus that kernel time), ``sleep``,
-    ``sync``, ``net``, ``other``. The one math behind the loop's and the workers' state features
-    and the states every face shows.
+    """Shares of one thread's (or one group's) time in each state: ``running`` (on a CPU) less
+    the kernel time of storage reads, ``runqueue`` (ready to run, waiting for a CPU), ``disk``
+    (state D, file reads, plus that kernel time), ``sleep``, ``sync``, ``net``, ``other``. The one
+    math behind the loop's and the workers' state features and the states every face shows.
 
-    The time in state R comes from the thread's scheduler counters when they cover the samples
-    (:func:`_busy_share`); the rest of the time is split between the waits in proportion to the
-    samples that found the thread waiting (``other`` when none did). Without the counters (a
-    group of threads, an old kernel) every share is its share of the samples."""
+    State R is a thread on a CPU *or* waiting for one: the scheduler's counters tell the two
+    apart (:func:`_sched_shares`), so a loop that waits for a CPU a neighbour holds is not taken
+    for a loop that computes. The rest of the time is split between the waits in proportion to
+    the samples that found the thread waiting (``other`` when none did). Without the counters (a
+    group of threads, an old kernel) every share is its share of the samples and ``runqueue`` is
+    0: not measured, the R samples count as ``running``."""
     counts = Counter(th.wait for th in samples)
     n = len(samples)
-    busy = _busy_share(samples)
+    sched = _sched_shares(samples)
     waiting = n - counts[Wait.RUNNING]
-    if busy is None:
-        busy, scale = counts[Wait.RUNNING] / n, 1.0 / n
+    if sched is None:
+        oncpu, queued = counts[Wait.RUNNING] / n, 0.0
+        scale = 1.0 / n
     else:
-        scale = (1.0 - busy) / waiting if waiting else 0.0
+        oncpu, queued = sched
+        scale = (1.0 - oncpu - queued) / waiting if waiting else 0.0
     disk = (counts[Wait.DISK] + counts[Wait.FILE]) * scale
     io_kernel = _io_kernel(_rate(list(samples), "sys_s"), disk)
     return {
-        "running": max(0.0, busy - io_kernel),
+        "running": max(0.0, oncpu - io_kernel),
+        "runqueue": queued,
         "disk": min(1.0, disk + io_kernel),
         "sleep": counts[Wait.SLEEP] * scale,
         "sync": counts[Wait.SYNC] * scale,
         "net": counts[Wait.NET] * scale,
-        "other": counts[Wait.OTHER] * scale + (1.0 - busy if not waiting else 0.0),
+        "other": counts[Wait.OTHER] * scale + (max(0.0, 1.0 - oncpu - queued) if not waiting else 0.0),
     }
 
 
@@ -499,13 +564,17 @@ def _thread_features(window: Window, main_pid: int | None) -> Features:
         out["main_sleep_share"] = shares["sleep"]
         out["main_sync_share"] = shares["sync"]
         out["main_net_share"] = shares["net"]
+    out["threads_runqueue_share"] = _threads_runqueue(window.threads, main_pid)
 
-    running = disk_w = other = 0.0
+    running = disk_w = other = queued = 0.0
     wn = 0
     for samples in workers.values():
         k = len(samples)
         w = _state_shares(samples)  # weight each worker by its number of samples
-        running += k * w["running"]
+        # A worker waiting for a CPU is still producing on the CPU side: the pipeline's CPU work
+        # is what the loop waits for, whether the worker computes or waits to compute.
+        running += k * (w["running"] + w["runqueue"])
+        queued += k * w["runqueue"]
         disk_w += k * w["disk"]
         other += k * (w["sleep"] + w["net"])
         wn += k
@@ -513,9 +582,35 @@ def _thread_features(window: Window, main_pid: int | None) -> Features:
     out["workers_busy_share"] = producing / wn if wn >= MIN_THREAD_SAMPLES else None
     good = wn >= MIN_THREAD_SAMPLES and producing >= 0.05 * wn
     out["workers_running_fraction"] = running / producing if good else None
+    out["workers_runqueue_fraction"] = queued / producing if good else None
     out["workers_disk_fraction"] = disk_w / producing if good else None
     out["workers_other_wait_fraction"] = other / producing if good else None
     return out
+
+
+BUSY_THREAD_SHARE = 0.1  # threads on a CPU or waiting for one less than this are not the step's
+
+
+def _threads_runqueue(window_threads: Iterable[ThreadSample], main_pid: int | None) -> float | None:
+    """The largest run-queue share (schedstat) among the diagnosed training process's threads busy
+    >= :data:`BUSY_THREAD_SHARE` of the window: the intra-op pool's threads meet at a barrier at
+    the end of every parallel op, so the one that waits longest for a CPU sets the op's time while
+    the others spin or sleep at the barrier (the classic oversubscription slowdown: the main
+    thread reads "running" while it spins). Every thread's counters are read once a second
+    (:class:`~torchwatch.sources.proc.ThreadStateSource`); ``None`` when no thread's cover 1 s."""
+    threads: dict[tuple[int, int], list[ThreadSample]] = defaultdict(list)
+    for th in window_threads:
+        if th.role is Role.MAIN and (main_pid is None or th.pid == main_pid) and th.runq_s is not None:
+            threads[(th.pid, th.tid)].append(th)
+    worst: float | None = None
+    for samples in threads.values():
+        sched = _sched_shares(samples)
+        if sched is None:
+            continue
+        worst = worst or 0.0
+        if sum(sched) >= BUSY_THREAD_SHARE:
+            worst = max(worst, sched[1])
+    return worst
 
 
 def _attribute_fetch(f: Features) -> Features:
@@ -573,10 +668,27 @@ def _combine(f: Features) -> Features:
     return out
 
 
+def _cpu_wait(f: Features) -> Features:
+    """``cpu_wait_share``: the loop's time lost waiting for a CPU, the largest of three readings of
+    it (each a share of wall time, schedstat): its main thread's run-queue wait, the wait of the
+    intra-op thread that waited most (the barrier at the end of each op waits for it), and, when
+    the loop waits on DataLoader workers, that wait times the part of the workers' work spent
+    waiting for a CPU. ``None`` when none of them is measured."""
+    readings = [f.get("main_runqueue_share"), f.get("threads_runqueue_share")]
+    queue, wq = f.get("data_wait_queue_share"), f.get("workers_runqueue_fraction")
+    if queue is not None and wq is not None:
+        readings.append(queue * wq)
+    known = [r for r in readings if r is not None]
+    return {"cpu_wait_share": max(known) if known else None}
+
+
 def _process_features(window: Window, main_pid: int | None) -> Features:
     out: Features = {}
     if not window.processes:
-        return {k: None for k in ("main_cpu_pct", "workers_cpu_pct", "read_bytes_per_s", "rss_bytes", "worker_count")}
+        return {
+            k: None
+            for k in ("main_cpu_pct", "workers_cpu_pct", "read_bytes_per_s", "rss_bytes", "worker_count", "local_ranks")
+        }
     last_t = window.processes[-1].t
     latest = [p for p in window.processes if p.t == last_t]
     by_t: dict[float, list[float]] = defaultdict(list)
@@ -594,6 +706,7 @@ def _process_features(window: Window, main_pid: int | None) -> Features:
     out["read_bytes_per_s"] = _mean(reads.values())
     out["rss_bytes"] = float(sum(p.rss_bytes or 0 for p in latest))
     out["worker_count"] = float(sum(1 for p in latest if p.role is Role.WORKER))
+    out["local_ranks"] = float(sum(1 for p in latest if p.role is Role.MAIN))
     return out
 
 
@@ -609,6 +722,12 @@ def _system_features(window: Window) -> Features:
         "swap_in_bytes_per_s": _mean(s.swap_in_bytes_per_s for s in window.system),
         "memory_pressure_pct": _mean(s.mem_some_pct for s in window.system),
         "mem_available_bytes": float(min(avail)) if avail else None,
+        "foreign_cpu_cores": _mean(s.foreign_cpu_cores for s in window.system),
+        "own_cpu_cores": _mean(s.own_cpu_cores for s in window.system),
+        "cpu_pressure_pct": _mean(s.cpu_some_pct for s in window.system),
+        "cpu_quota_cpus": window.system[-1].cpu_quota_cpus if window.system else None,
+        "cpu_throttled_periods_share": _mean(s.throttled_periods_share for s in window.system),
+        "cpu_throttled_share": _mean(s.throttled_share for s in window.system),
     }
     out.update(_disk_features(window))
     return out
@@ -699,12 +818,18 @@ def _gpu_features(window: Window) -> Features:
 def _cpu_budget(f: Features) -> Features:
     """How much of the usable CPUs the training takes, and the DataLoader workers' part of it."""
     main, workers, cpus = f.get("main_cpu_pct"), f.get("workers_cpu_pct"), f.get("usable_cpus")
+    intra, ranks = f.get("intra_op_threads"), f.get("local_ranks")
+    # DataLoader workers run torch with 1 thread each (torch.utils.data._utils.worker sets it);
+    # as set (hook) or alive, whichever is more: workers between two epochs come back.
+    workers_n = max(f.get("worker_count") or 0.0, f.get("dl_num_workers") or 0.0)
+    wanted = intra * max(1.0, ranks or 0.0) + workers_n if intra is not None else None
     if main is None or workers is None:
-        return {"workers_cpu_fraction": None, "tree_cpu_saturation": None}
+        return {"workers_cpu_fraction": None, "tree_cpu_saturation": None, "cpu_threads_wanted": wanted}
     total = main + workers
     return {
         "workers_cpu_fraction": workers / total if total > 0 else None,
         "tree_cpu_saturation": total / (100.0 * cpus) if cpus else None,
+        "cpu_threads_wanted": wanted,
     }
 
 
@@ -760,6 +885,9 @@ def _hook_features(window: Window, main_pid: int | None) -> Features:
     out["shm_bytes"] = _num(rec.shm_bytes)
     out.update(_device_memory_features(reads))
     out.update(_gpu_setting_features(rec.gpu_settings))
+    if rec.threads is not None:
+        out["intra_op_threads"] = _num(rec.threads.intra_op)
+        out["interop_threads"] = _num(rec.threads.inter_op)
     lb = rec.burst.last if rec.burst is not None else None
     if lb is not None and lb.error is None and lb.breakdown_share:
         share = dict(lb.breakdown_share)
@@ -841,19 +969,33 @@ def texts(window: Window, main_pid: int | None) -> dict[str, str]:
     """Settings fix templates quote verbatim, as the training's hook read them (none: no hook).
 
     Returns:
-        ``optimizer_state`` (``AdamW(foreach=None, fused=None)``: ``None`` = left to torch) and
+        ``optimizer_state`` (``AdamW(foreach=None, fused=None)``: ``None`` = left to torch),
         ``alloc_conf_state`` (``PYTORCH_CUDA_ALLOC_CONF='...'`` or ``PYTORCH_CUDA_ALLOC_CONF is not set``),
-        each only when read.
+        ``thread_env`` (``OMP_NUM_THREADS=8`` or ``OMP_NUM_THREADS unset``), each only when read, and
+        ``cpu_neighbours`` (``PID 812 python (alice) 1.0 cores, ...``: the largest CPU users outside
+        the training and torchwatch in the window's last scan that saw any), only when there are.
     """
+    out: dict[str, str] = {}
+    neighbours = next((s.neighbours for s in reversed(window.system) if s.neighbours), ())
+    if neighbours:
+        out["cpu_neighbours"] = ", ".join(f"PID {n.pid} {n.name} ({n.user}) {n.cores:.1f} cores" for n in neighbours)
     reads = [h for h in window.hook if (main_pid is None or h.pid == main_pid) and h.record is not None]
-    settings = reads[-1].record.gpu_settings if reads and reads[-1].record is not None else None
+    record = reads[-1].record if reads else None
+    threads = record.threads if record is not None else None
+    if threads is not None:
+        out["thread_env"] = (
+            f"OMP_NUM_THREADS={threads.omp_num_threads}"
+            if threads.omp_num_threads is not None
+            else "OMP_NUM_THREADS unset"
+        )
+    settings = record.gpu_settings if record is not None else None
     if settings is None:
-        return {}
-    out = {
-        "alloc_conf_state": "PYTORCH_CUDA_ALLOC_CONF is not set"
+        return out
+    out["alloc_conf_state"] = (
+        "PYTORCH_CUDA_ALLOC_CONF is not set"
         if settings.alloc_conf is None
         else f"PYTORCH_CUDA_ALLOC_CONF={settings.alloc_conf!r}"
-    }
+    )
     if settings.optimizer is not None:
         out["optimizer_state"] = (
             f"{settings.optimizer}(foreach={settings.optimizer_foreach}, fused={settings.optimizer_fused})"
@@ -974,6 +1116,7 @@ def compute(window: Window, main_pid: int | None) -> Features:
     f.update(_collective_wait(window, main_pid, f))
     f.update(_attribute_fetch(f))
     f.update(_combine(f))
+    f.update(_cpu_wait(f))
     f.update(_process_features(window, main_pid))
     f.update(_system_features(window))
     f.update(_disk_tree_share(f))

@@ -11,6 +11,9 @@ A rule file::
     for = 2.0                           # seconds the condition must hold (and be false to release)
     evidence = ["data_wait_share", "workers_running_fraction", "worker_count"]
     source = "XProf input-pipeline analyzer: input share >= 20 % is highly input-bound"
+    scope = "loop"                      # optional: loop (default) | machine (other processes
+                                        # hold the CPUs: listed first) | demand (the training's
+                                        # own demand beyond its CPUs: after its label's others)
 
     [[fixes]]
     title = "Use more DataLoader workers"
@@ -55,8 +58,13 @@ TEMPLATE_VALUES = {
     "memory_pressure_state": "text: allocator peak and reserved / device capacity, NVML share",
     "optimizer_state": "text: the optimizer as built, e.g. 'AdamW(foreach=None, fused=None)' (None: left to torch)",
     "alloc_conf_state": "text: \"PYTORCH_CUDA_ALLOC_CONF='...'\" or 'PYTORCH_CUDA_ALLOC_CONF is not set'",
+    "thread_env": "text: 'OMP_NUM_THREADS=8' or 'OMP_NUM_THREADS unset', as the training's hook read it",
+    "cpu_neighbours": "text: the largest CPU users outside the training, e.g. 'PID 812 python (alice) 1.0 cores'",
+    "suggested_threads": "intra-op threads per rank that fit the CPUs left: (usable - foreign - workers) / ranks, >= 1",
 }
-_KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes"}
+_KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes", "scope"}
+SCOPES = ("loop", "machine", "demand")
+"""Where a finding's cause lies, which sets its place among the findings (``diagnosis.finding_order``)."""
 _FIX_KEYS = {"title", "detail", "when"}
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _MAX_FILE_BYTES = 64 * 1024
@@ -86,6 +94,7 @@ class Rule:
     source: str
     fixes: tuple[FixTemplate, ...]
     path: str
+    scope: str = "loop"
 
     @property
     def inputs(self) -> frozenset[str]:
@@ -200,6 +209,9 @@ def parse_rule(text: str, path: str) -> Rule:
     for name in evidence:
         if name not in CATALOGUE:
             raise fail("evidence", f"evidence names unknown feature {name!r}")
+    scope = data.get("scope", "loop")
+    if scope not in SCOPES:
+        raise fail("scope", f"scope must be one of {', '.join(SCOPES)}")
     try:
         summary = _check_template(data["summary"], "summary")
     except ValueError as exc:
@@ -238,18 +250,59 @@ def parse_rule(text: str, path: str) -> Rule:
         source=data["source"],
         fixes=tuple(fixes),
         path=path,
+        scope=scope,
     )
 
 
 def load_file(path: Path) -> Rule:
-    """Load one rule file. Raises :class:`RuleError` (also for unreadable or non-UTF-8 files)."""
+    """Load one rule file: a regular file of at most 64 KiB (``_MAX_FILE_BYTES``: a rule is a
+    few hundred bytes) of UTF-8 TOML.
+
+    The file is opened without following a symbolic link and without blocking
+    (``O_NOFOLLOW | O_NONBLOCK``: a FIFO opens at once), checked on its descriptor (a regular
+    file, within the cap) and read up to the cap plus one byte, so ``rules check`` on a
+    directory another user filled can neither hang on a FIFO nor read ``/dev/zero`` forever.
+
+    Raises:
+        RuleError: a symbolic link, not a regular file, larger than the cap, unreadable, not
+            UTF-8, or not a valid rule (exit 2).
+    """
+    # imported here: this function is the only part of the module that opens files
+    import errno
+    import os
+    import stat
+
+    shown = str(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise RuleError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+        if exc.errno == errno.ELOOP:
+            raise RuleError(shown, None, "is a symbolic link: rule files are read only as regular files") from None
+        raise RuleError(shown, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RuleError(shown, None, "not a regular file")
+        if st.st_size > _MAX_FILE_BYTES:
+            raise RuleError(shown, None, f"file larger than {_MAX_FILE_BYTES} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= _MAX_FILE_BYTES:
+            chunk = os.read(fd, _MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > _MAX_FILE_BYTES:  # it grew after the check
+            raise RuleError(shown, None, f"file larger than {_MAX_FILE_BYTES} bytes")
+        text = b"".join(chunks).decode("utf-8")
+    except OSError as exc:
+        raise RuleError(shown, None, f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise RuleError(str(path), None, "not UTF-8 text") from None
-    return parse_rule(text, str(path))
+        raise RuleError(shown, None, "not UTF-8 text") from None
+    finally:
+        os.close(fd)
+    return parse_rule(text, shown)
 
 
 def load_dir(directory: Path) -> list[Rule]:

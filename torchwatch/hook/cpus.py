@@ -8,16 +8,47 @@ too (sources, diagnosis advice, doctor). ``os.cpu_count()`` alone is wrong in co
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from torchwatch.hook import wire
 
 
-def _cgroup_quota(pid: int | str, root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """CPU quota of ``pid``'s cgroup in CPUs (``2.5`` = 250 ms per 100 ms), or ``None`` if unlimited."""
+@dataclass(frozen=True)
+class CpuQuota:
+    """The cgroup CPU quota that binds a process: the smallest of its group's and its ancestors'.
+
+    Attributes:
+        cpus: the quota in CPUs (``2.5`` = 250 ms of CPU per 100 ms period).
+        stat: that group's ``cpu.stat`` (its throttling counters: cgroup v2 ``nr_periods``,
+            ``nr_throttled``, ``throttled_usec``; v1 ``nr_periods``, ``nr_throttled``,
+            ``throttled_time`` in ns).
+        version: 1 or 2.
+    """
+
+    cpus: float
+    stat: Path
+    version: int
+
+
+def cpu_quota(pid: int | str, root: Path = Path("/sys/fs/cgroup")) -> CpuQuota | None:
+    """The quota that binds ``pid`` (see :class:`CpuQuota`), or ``None`` if unlimited or unreadable.
+
+    Raises:
+        Nothing: unreadable files count as no quota.
+    """
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return None
-    best: float | None = None
+    best: CpuQuota | None = None
+
+    def keep(found: CpuQuota) -> None:
+        nonlocal best
+        if best is None or found.cpus < best.cpus:
+            best = found
+
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -29,7 +60,7 @@ def _cgroup_quota(pid: int | str, root: Path = Path("/sys/fs/cgroup")) -> float 
             while True:
                 quota = _read_v2_quota(group / "cpu.max")
                 if quota is not None:
-                    best = quota if best is None else min(best, quota)
+                    keep(CpuQuota(quota, group / "cpu.stat", 2))
                 if group == root or root not in group.parents:
                     break
                 group = group.parent
@@ -37,9 +68,60 @@ def _cgroup_quota(pid: int | str, root: Path = Path("/sys/fs/cgroup")) -> float 
             for base in (root / "cpu,cpuacct", root / "cpu"):
                 quota = _read_v1_quota(base / rel)
                 if quota is not None:
-                    best = quota if best is None else min(best, quota)
+                    keep(CpuQuota(quota, base / rel / "cpu.stat", 1))
                     break
     return best
+
+
+def _cgroup_quota(pid: int | str, root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPU quota of ``pid``'s cgroup in CPUs (``2.5`` = 250 ms per 100 ms), or ``None`` if unlimited."""
+    quota = cpu_quota(pid, root)
+    return None if quota is None else quota.cpus
+
+
+def read_throttling(quota: CpuQuota) -> tuple[int, int, float] | None:
+    """``(periods, throttled periods, throttled seconds)`` so far, from the quota's ``cpu.stat``;
+    ``None`` when unreadable or malformed. Counters only grow while the group lives."""
+    try:
+        with open(quota.stat, "rb") as f:
+            text = f.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            values[key] = int(value)
+    try:
+        periods, throttled = values["nr_periods"], values["nr_throttled"]
+        seconds = values["throttled_usec"] / 1e6 if quota.version == 2 else values["throttled_time"] / 1e9
+    except KeyError:
+        return None
+    return periods, throttled, seconds
+
+
+def read_threads(torch: Any) -> wire.ThreadSettings:
+    """The CPU threads the training asks for (:class:`wire.ThreadSettings`), each ``None`` when it
+    cannot be read. ``torch.get_num_interop_threads()`` reports the pool's size without starting
+    it, so ``torch.set_num_interop_threads`` still works after this read. Never raises."""
+
+    def count(name: str) -> int | None:
+        try:
+            n = int(getattr(torch, name)())
+        except Exception:
+            return None
+        return n if 1 <= n <= wire.MAX_THREADS else None
+
+    def env(name: str) -> str | None:
+        value = os.environ.get(name)
+        return None if value is None else wire.clean_text(value, 32)
+
+    return wire.ThreadSettings(
+        intra_op=count("get_num_threads"),
+        inter_op=count("get_num_interop_threads"),
+        omp_num_threads=env("OMP_NUM_THREADS"),
+        mkl_num_threads=env("MKL_NUM_THREADS"),
+    )
 
 
 def _read_v2_quota(path: Path) -> float | None:
@@ -49,7 +131,11 @@ def _read_v2_quota(path: Path) -> float | None:
         return None
     if len(fields) != 2 or fields[0] == "max":
         return None
-    return int(fields[0]) / int(fields[1])
+    try:
+        quota, period = int(fields[0]), int(fields[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def _read_v1_quota(group: Path) -> float | None:

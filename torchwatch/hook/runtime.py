@@ -45,6 +45,7 @@ from typing import Any
 
 from torchwatch.hook import publish, ranks, wire
 from torchwatch.hook.burst import Burster, BurstParams
+from torchwatch.hook.cpus import read_threads
 from torchwatch.hook.gpu import GpuWatch
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
@@ -259,6 +260,7 @@ class Hook:
         self.loaders: dict[int, _LoaderRecord] = {}
         self.amp = wire.AmpInfo()
         self.gpu = GpuWatch()
+        self.threads: wire.ThreadSettings | None = None  # read with the GPU settings, every 0.5 s
         self.signal_owned = False
         self.usable_cpus: float | None = None
         self.shm_bytes: int | None = None
@@ -639,7 +641,9 @@ class Hook:
             self.publish()
         if self.gpu.due(now):
             optimizer = self._step_opt() if self._step_opt is not None else None
-            if self.gpu.sample(self.torch, optimizer, now):
+            threads = read_threads(self.torch)
+            moved, self.threads = threads != self.threads, threads
+            if self.gpu.sample(self.torch, optimizer, now) or moved:
                 if self.gpu.error:
                     self.error(self.gpu.error)
                 self.publish()
@@ -857,6 +861,7 @@ class Hook:
             device_memory=self.gpu.memory,
             devices=self.gpu.devices,
             gpu_settings=self.gpu.settings,
+            threads=self.threads,
         )
 
     def _rank(self) -> int | None:

@@ -787,6 +787,42 @@ class GpuSettings:
         return dict(self.__dict__)
 
 
+MAX_THREADS = 1 << 16  # an intra-op or inter-op pool larger than this is not a real setting
+
+
+@dataclass(frozen=True)
+class ThreadSettings:
+    """The CPU threads the training asks for, as the hook read them (``None``: not read).
+
+    Attributes:
+        intra_op: ``torch.get_num_threads()``: threads each op may use (OpenMP / ATen pool; by
+            default the physical cores, or ``OMP_NUM_THREADS``).
+        inter_op: ``torch.get_num_interop_threads()``: threads running independent ops at once.
+        omp_num_threads / mkl_num_threads: the training's ``OMP_NUM_THREADS`` /
+            ``MKL_NUM_THREADS`` as set (``None``: not set), verbatim, cut to 32 characters.
+    """
+
+    intra_op: int | None = None
+    inter_op: int | None = None
+    omp_num_threads: str | None = None
+    mkl_num_threads: str | None = None
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> ThreadSettings:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            o.integer("intra_op", 1, MAX_THREADS, optional=True),
+            o.integer("inter_op", 1, MAX_THREADS, optional=True),
+            o.text("omp_num_threads", 32, optional=True),
+            o.text("mkl_num_threads", 32, optional=True),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return dict(self.__dict__)
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """Who this process is in a distributed job, and where each answer came from.
@@ -875,6 +911,8 @@ class HookRecord:
             training initialised CUDA); devices: every device it holds memory on (at most
             :data:`MAX_DEVICES`), added.
         gpu_settings: TF32, cuDNN, compile, optimizer and allocator settings as read; added.
+        threads: the CPU threads the training asks for (intra-op, inter-op, ``OMP_NUM_THREADS``);
+            added.
     """
 
     instance: Instance
@@ -897,6 +935,7 @@ class HookRecord:
     spawned_ranks: tuple[int, ...] = ()
     devices: tuple[DeviceMemory, ...] = ()
     gpu_settings: GpuSettings | None = None
+    threads: ThreadSettings | None = None
 
     @classmethod
     def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
@@ -932,6 +971,7 @@ class HookRecord:
             spawned_ranks=tuple(_pid_item(v, w) for v, w in o.items("spawned_ranks", MAX_SPAWNED)),
             devices=tuple(DeviceMemory.decode(v, w) for v, w in o.items("devices", MAX_DEVICES)),
             gpu_settings=_opt(o.d.get("gpu_settings"), f"{where}.gpu_settings", GpuSettings.decode),
+            threads=_opt(o.d.get("threads"), f"{where}.threads", ThreadSettings.decode),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -960,6 +1000,7 @@ class HookRecord:
             "spawned_ranks": list(self.spawned_ranks),
             **({"devices": [d.to_json() for d in self.devices]} if self.devices else {}),
             **({} if self.gpu_settings is None else {"gpu_settings": self.gpu_settings.to_json()}),
+            **({} if self.threads is None else {"threads": self.threads.to_json()}),
         }
 
 

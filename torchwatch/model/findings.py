@@ -35,6 +35,7 @@ class Finding:
     evidence: dict[str, float | None]
     fixes: tuple[Fix, ...]
     source: str
+    scope: str = "loop"  # the rule's: loop, machine (others hold the CPUs) or demand (see rules_engine.SCOPES)
 
     def to_json(self) -> dict[str, Any]:
         """The finding as in the report contract (evidence rounded to 4 digits)."""

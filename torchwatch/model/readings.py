@@ -117,9 +117,10 @@ class ThreadSample:
         cpu_s / sys_s: the thread's cumulative CPU time (user + system) and system time, s,
             from ``utime`` and ``stime``; ``None`` when unreadable.
         runq_s: cumulative time the thread was ready to run but waited for a CPU, s
-            (``/proc/PID/task/TID/schedstat``, second field); read for main threads only.
+            (``/proc/PID/task/TID/schedstat``, second field); read every round for main and
+            autograd threads, and for every other thread in the rounds that read them all (1 Hz).
         run_s: cumulative time the thread ran on a CPU, s (``schedstat``, first field: the
-            scheduler's own nanosecond count, not ticks); read for main threads only.
+            scheduler's own nanosecond count, not ticks); read as ``runq_s`` is.
         autograd: the thread is the autograd engine's thread for a device (its name is
             ``pt_autograd_N``): it runs the backward of CUDA (and other accelerator) tensors while
             the thread that called ``backward()`` waits for it, so its time on a CPU is the loop's.
@@ -138,6 +139,23 @@ class ThreadSample:
     runq_s: float | None = None
     run_s: float | None = None
     autograd: bool = False
+
+
+@dataclass(frozen=True)
+class CpuConsumer:
+    """A process outside the training and outside torchwatch that used CPU (a neighbour).
+
+    Attributes:
+        pid: its PID (in torchwatch's PID namespace). name: its ``comm`` (15 characters at
+            most, control characters removed: it is the process's own text). user: its owner's
+            name, or the UID as digits. cores: its CPU over the last scan interval, cores
+            (1.0 = one CPU busy all the time).
+    """
+
+    pid: int
+    name: str
+    user: str
+    cores: float
 
 
 @dataclass(frozen=True)
@@ -168,6 +186,25 @@ class SystemSample:
             (reclaim, swap-in, thrashing), %, from ``/proc/pressure/memory`` (PSI ``some``).
         mem_available_bytes: memory available for new allocations without swapping, bytes
             (``MemAvailable``).
+        cpu_some_pct: share of wall time in which at least one runnable task waited for a CPU, %
+            (PSI ``some`` of ``cpu.pressure`` in the training's cgroup v2 group where readable,
+            else ``/proc/pressure/cpu``, machine-wide).
+        foreign_cpu_cores: CPU used by processes outside the training's tree and outside
+            torchwatch (and what it started: py-spy), cores, over the last scan (every
+            :data:`~torchwatch.sources.proc.NEIGHBOUR_SCAN_S` s): what the visible processes used
+            plus what no visible process explains (the host's processes seen from a container,
+            processes that came and went between scans, interrupts).
+        own_cpu_cores: CPU used by torchwatch and its children (py-spy), cores, same interval.
+        neighbours: the largest visible consumers of ``foreign_cpu_cores``, at most 3, largest
+            first.
+        cpu_quota_cpus: the cgroup CPU quota that binds the training, CPUs (``None``: none).
+        throttled_periods_share: of the quota's enforcement periods since the previous sample,
+            the share in which the group was throttled (``nr_throttled / nr_periods``, 0..1);
+            ``None`` without a quota or without a period.
+        throttled_share: wall time the group spent throttled per second since the previous
+            sample, 0..1: the growth of ``throttled_usec`` / ``throttled_time``, which the kernel
+            sums over the group's run queue on each CPU, divided by the CPUs the training may
+            run on (its affinity).
     """
 
     t: float
@@ -182,6 +219,13 @@ class SystemSample:
     swap_in_bytes_per_s: float | None = None
     mem_some_pct: float | None = None
     mem_available_bytes: int | None = None
+    cpu_some_pct: float | None = None
+    foreign_cpu_cores: float | None = None
+    own_cpu_cores: float | None = None
+    neighbours: tuple[CpuConsumer, ...] = ()
+    cpu_quota_cpus: float | None = None
+    throttled_periods_share: float | None = None
+    throttled_share: float | None = None
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,20 @@ from __future__ import annotations
 import math
 import os
 import platform
+import pwd
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from torchwatch.hook.cpus import usable_cpus
+from torchwatch.hook import wire
+from torchwatch.hook.cpus import cpu_quota, read_throttling, usable_cpus
 from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
 from torchwatch.model.readings import (
+    CpuConsumer,
     ProcessSample,
     Role,
     SourceStatus,
@@ -284,6 +288,141 @@ class _PsiRate:
         return max(0.0, 100.0 * (total_us - prev[1]) / 1e6 / (now - prev[0]))
 
 
+NEIGHBOUR_SCAN_S = 2.0
+"""Seconds between two scans of every process's CPU (:class:`CpuNeighbours`): one ``stat`` read per
+process, ~0.8 ms for 65 processes here, so ~25 ms for 2,000 (about 1 % of a core at this period)."""
+MAX_SCANNED = 16384  # processes read per scan at most (a bound on a scan's cost)
+
+
+class CpuNeighbours:
+    """Who else uses the CPUs: every process's CPU between two scans, split into the training's
+    tree, torchwatch (itself and its children: py-spy) and the rest (the neighbours).
+
+    One scan reads ``/proc/stat`` (the machine's busy time) and each ``/proc/PID/stat`` (utime +
+    stime of the process, its parent, start time): a process's CPU is the growth of its ticks
+    since the previous scan (all its ticks when it started after that scan). A process seen
+    before and gone now is counted at its previous rate. What no visible process explains (the
+    host's processes seen from a container's PID namespace, interrupts) counts as foreign: it is
+    CPU the training did not get. Process names are the processes' own text: control characters
+    are removed.
+
+    Args:
+        proc: the proc file system (tests point it elsewhere).
+    """
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self._prev: dict[int, tuple[int, int, float]] = {}  # pid -> (start, ticks, cores)
+        self._prev_scan: tuple[float, int, float] | None = None  # (t, machine busy ticks, boot ticks)
+        self._users: dict[int, str] = {}
+        self.latest: tuple[float | None, float | None, tuple[CpuConsumer, ...]] = (None, None, ())
+        self._last_t = -math.inf
+
+    def sample(self, now: float, tree: Iterable[int]) -> tuple[float | None, float | None, tuple[CpuConsumer, ...]]:
+        """``(foreign cores, own cores, top 3 neighbours)`` over the last scan; a new scan when
+        :data:`NEIGHBOUR_SCAN_S` passed since the previous (``None`` before two scans).
+
+        Args:
+            now: monotonic s. tree: the training's PIDs (never foreign, never torchwatch's).
+        """
+        if now - self._last_t < NEIGHBOUR_SCAN_S - 0.25:
+            return self.latest
+        self._last_t = now
+        try:
+            busy = self._machine_busy()
+            boot = time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK
+            entries = os.listdir(self.proc)
+        except OSError:
+            return self.latest
+        procs: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, start, ticks, name)
+        for entry in entries[:MAX_SCANNED] if len(entries) > MAX_SCANNED else entries:
+            if entry.isdigit():
+                read = self._read(int(entry))
+                if read is not None:
+                    procs[int(entry)] = read
+        prev_scan, self._prev_scan = self._prev_scan, (now, busy, boot)
+        prev = self._prev
+        if prev_scan is None or now - prev_scan[0] <= 0:
+            self._prev = {pid: (p[1], p[2], 0.0) for pid, p in procs.items()}
+            return self.latest
+        dt = now - prev_scan[0]
+        cores: dict[int, float] = {}
+        for pid, (_, start, ticks, _) in procs.items():
+            before = prev.get(pid)
+            if before is not None and before[0] == start:
+                cores[pid] = max(0.0, (ticks - before[1]) / _CLK_TCK / dt)
+            elif start >= prev_scan[2]:  # started since the previous scan: all of its CPU is new
+                cores[pid] = ticks / _CLK_TCK / dt
+        self._prev = {pid: (procs[pid][1], procs[pid][2], c) for pid, c in cores.items()}
+        gone = {pid: c for pid, (_, _, c) in prev.items() if pid not in procs}
+        tree_pids = set(tree)
+        own = self._own(procs, tree_pids)
+        foreign_pids = [pid for pid in cores if pid not in tree_pids and pid not in own]
+        visible = sum(cores.values()) + sum(gone.values())
+        machine = max(0.0, (busy - prev_scan[1]) / _CLK_TCK / dt)
+        unseen = max(0.0, machine - visible)
+        foreign = sum(cores[p] for p in foreign_pids) + sum(
+            c for p, c in gone.items() if p not in tree_pids and p not in own
+        )
+        top = sorted(foreign_pids, key=lambda p: -cores[p])[:3]
+        neighbours = tuple(
+            CpuConsumer(p, procs[p][3], self._user(p), round(cores[p], 3)) for p in top if cores[p] >= 0.01
+        )
+        own_cores = sum(cores.get(p, 0.0) for p in own)
+        self.latest = (foreign + unseen, own_cores, neighbours)
+        return self.latest
+
+    def _machine_busy(self) -> int:
+        """Busy ticks of all CPUs since boot: ``/proc/stat``'s ``cpu`` line less idle and iowait
+        (guest time is already inside user and nice)."""
+        with open(self.proc / "stat", "rb") as f:
+            fields = f.readline().split()[1:9]
+        values = [int(v) for v in fields]
+        return sum(values) - values[3] - values[4]
+
+    def _read(self, pid: int) -> tuple[int, int, int, str] | None:
+        try:
+            with open(self.proc / str(pid) / "stat", "rb") as f:
+                stat = f.read(1024)
+        except OSError:
+            return None
+        close = stat.rfind(b")")
+        fields = stat[close + 2 :].split()
+        try:
+            ppid, ticks, start = int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
+        except (IndexError, ValueError):
+            return None
+        name = stat[stat.find(b"(") + 1 : close].decode("utf-8", "replace")
+        return ppid, start, ticks, wire.clean_text(name, 16)
+
+    @staticmethod
+    def _own(procs: Mapping[int, tuple[int, int, int, str]], tree: set[int]) -> set[int]:
+        """torchwatch and its descendants, less the training's tree (``run`` starts the training)."""
+        children: dict[int, list[int]] = {}
+        for pid, p in procs.items():
+            children.setdefault(p[0], []).append(pid)
+        own, todo = set(), [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            if pid in own or pid in tree:
+                continue
+            own.add(pid)
+            todo.extend(children.get(pid, ()))
+        return own
+
+    def _user(self, pid: int) -> str:
+        try:
+            uid = os.stat(self.proc / str(pid)).st_uid
+        except OSError:
+            return "?"
+        if uid not in self._users:
+            try:
+                self._users[uid] = wire.clean_text(pwd.getpwuid(uid).pw_name, 32)
+            except KeyError:
+                self._users[uid] = str(uid)
+        return self._users[uid]
+
+
 @dataclass(frozen=True)
 class DiskRate:
     """Reads of one block device between two samples (see :class:`SystemSample`'s ``disk_*``)."""
@@ -373,6 +512,9 @@ class ProcSource:
         self._mem_psi = _PsiRate(Path("/proc/pressure/memory"))
         self._disks = DiskRates()
         self._prev_swap: tuple[float, int] | None = None
+        self._cpu_psi: _PsiRate | None = None
+        self._prev_throttle: tuple[Path, float, int, int, float] | None = None
+        self.neighbours = CpuNeighbours()
         self.cpu_pct: dict[int, float] = {}  # pid -> CPU % of one core in the latest sample
         psutil.cpu_percent(interval=None)  # baseline for the first system sample
 
@@ -437,9 +579,54 @@ class ProcSource:
             num_threads=nthreads,
         )
 
+    def _cpu_pressure(self, pid: int, now: float) -> float | None:
+        """PSI CPU ``some``, %: of ``pid``'s cgroup v2 group where it has ``cpu.pressure``, else
+        of the machine (``/proc/pressure/cpu``)."""
+        path = Path("/proc/pressure/cpu")
+        try:
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                if line.startswith("0::"):
+                    group = Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "cpu.pressure"
+                    if line[3:].strip("/") and group.is_file():
+                        path = group
+        except OSError:
+            pass
+        if self._cpu_psi is None or self._cpu_psi.path != path:
+            self._cpu_psi = _PsiRate(path)
+        return self._cpu_psi.sample(now)
+
+    def _throttling(self, pid: int, now: float) -> tuple[float | None, float | None, float | None]:
+        """``(quota CPUs, throttled periods share, throttled share of wall time)`` of the cgroup
+        quota binding ``pid`` since the previous sample (see :class:`SystemSample`)."""
+        quota = cpu_quota(pid)
+        if quota is None:
+            self._prev_throttle = None
+            return None, None, None
+        read = read_throttling(quota)
+        if read is None:
+            return quota.cpus, None, None
+        prev, self._prev_throttle = self._prev_throttle, (quota.stat, now, *read)
+        if prev is None or prev[0] != quota.stat or now <= prev[1]:
+            return quota.cpus, None, None
+        periods, throttled, seconds = read[0] - prev[2], read[1] - prev[3], read[2] - prev[4]
+        if periods < 0 or throttled < 0 or seconds < 0:  # a new group behind the same path
+            return quota.cpus, None, None
+        share = None if periods == 0 else min(1.0, throttled / periods)
+        # The kernel adds up the throttled time of the group's run queue on every CPU it ran on
+        # (sched-bwc.rst; measured here: 2 threads under a 1-CPU quota on 2 CPUs read 0.93 s/s),
+        # so the share of wall time is that sum over the CPUs the group may run on.
+        try:
+            cpus = max(1, len(os.sched_getaffinity(pid)))
+        except OSError:
+            cpus = os.cpu_count() or 1
+        return quota.cpus, share, min(1.0, seconds / (now - prev[1]) / cpus)
+
     def _sample_system(self, now: float) -> SystemSample:
         mains = self.tree.mains()
+        main = mains[0] if mains else self.tree.root
         disk = self._disks.sample(now)
+        foreign, own, neighbours = self.neighbours.sample(now, self.tree.pids())
+        quota, throttled_periods, throttled = self._throttling(main, now)
         swap_in: float | None = None
         available: int | None = None
         try:
@@ -454,7 +641,7 @@ class ProcSource:
             t=now,
             cpu_pct=psutil.cpu_percent(interval=None),
             io_some_pct=self._io_psi.sample(now),
-            usable_cpus=usable_cpus(mains[0] if mains else self.tree.root),
+            usable_cpus=usable_cpus(main),
             disk=disk.name,
             disk_read_bytes_per_s=disk.read_bytes_per_s,
             disk_reads_per_s=disk.reads_per_s,
@@ -463,6 +650,13 @@ class ProcSource:
             swap_in_bytes_per_s=swap_in,
             mem_some_pct=self._mem_psi.sample(now),
             mem_available_bytes=available,
+            cpu_some_pct=self._cpu_pressure(main, now),
+            foreign_cpu_cores=foreign,
+            own_cpu_cores=own,
+            neighbours=neighbours,
+            cpu_quota_cpus=quota,
+            throttled_periods_share=throttled_periods,
+            throttled_share=throttled,
         )
 
     def close(self) -> None:
@@ -585,7 +779,7 @@ class ThreadStateSource:
             else:
                 tids = [pid, *sorted(self._autograd.get(pid, ()))]
             for tid in tids:
-                sample = self._sample_thread(now, pid, tid, node.role)
+                sample = self._sample_thread(now, pid, tid, node.role, every)
                 if sample is None:
                     continue
                 out.append(sample)
@@ -595,7 +789,7 @@ class ThreadStateSource:
             self._autograd = found
         return out
 
-    def _sample_thread(self, now: float, pid: int, tid: int, role: Role) -> ThreadSample | None:
+    def _sample_thread(self, now: float, pid: int, tid: int, role: Role, every: bool = False) -> ThreadSample | None:
         base = f"/proc/{pid}/task/{tid}"
         try:
             with open(f"{base}/stat", "rb") as f:
@@ -636,7 +830,9 @@ class ThreadStateSource:
                     except (OSError, ValueError):
                         fd_target = None
         run_s = runq_s = None
-        if pid == tid or autograd:  # the threads the features read: the loop (and its autograd engine) and workers
+        # The threads the features read each round: the loop (and its autograd engine) and workers;
+        # every thread in the rounds that read them all, for the intra-op threads' run-queue wait.
+        if pid == tid or autograd or every:
             try:
                 with open(f"{base}/schedstat", "rb") as f:
                     on_cpu, queued = f.read().split()[:2]

@@ -8,15 +8,18 @@ status line). Each analysis tick builds one :class:`~torchwatch.model.observatio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import resource
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from torchwatch.analysis import features as feats
 from torchwatch.analysis import ranks
@@ -24,6 +27,7 @@ from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store, Window
 from torchwatch.hook.wire import RankInfo
+from torchwatch.model import files
 from torchwatch.model.observation import (
     ChildProcess,
     Observation,
@@ -138,6 +142,7 @@ class Session:
         self._tick = 0
         self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
         self._errors_seen: set[str] = set()
+        self._trace_file: TextIO | None = None  # --trace, opened at the first analysis
         opts = self.options
         self.proc = ProcSource(self.tree)
         self.pyspy = PySpySource(
@@ -281,6 +286,7 @@ class Session:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self._close_trace()
 
     @property
     def target_gone(self) -> bool:
@@ -325,6 +331,7 @@ class Session:
             "gpm": "gpm",
             "hook": "hook",
             "burst": "hook",
+            "cgroup": "psutil",
         }
         names = [by_source.get(part, part) for part in spec.source.split("+")]
         statuses = self.statuses()
@@ -349,6 +356,10 @@ class Session:
             )
         if spec.source == "burst":
             return "no profiler burst has completed yet (press b, or torchwatch burst PID)"
+        if spec.source == "cgroup":
+            return "no cgroup CPU quota binds the training (cpu.max / cpu.cfs_quota_us unset): nothing throttles it"
+        if feature in ("intra_op_threads", "interop_threads", "cpu_threads_wanted"):
+            return "the training's hook has not read its threads yet (it reads them at its steps)"
         if spec.source == "hook" and feature.startswith("dl_"):
             return "no DataLoader iterated in the training yet"
         if spec.source == "hook" and feature.startswith("cuda_"):
@@ -567,11 +578,23 @@ class Session:
             "features": {k: (None if v is None else round(v, 4)) for k, v in analysis.features.items()},
         }
         try:
-            with open(self.options.trace_path, "a") as f:  # type: ignore[arg-type]
-                f.write(json.dumps(record) + "\n")
+            if self._trace_file is None:
+                # opened once, never through a link nor in a directory another user can change
+                path = Path(self.options.trace_path).expanduser()  # type: ignore[arg-type]
+                self._trace_file = os.fdopen(files.open_append(path), "a", encoding="utf-8")
+            self._trace_file.write(json.dumps(record) + "\n")
+            self._trace_file.flush()
         except OSError as exc:
             log.warning("--trace: cannot append to %s (%s): tracing stops", self.options.trace_path, exc)
             self.options = dataclasses.replace(self.options, trace_path=None)
+            self._close_trace()
+
+    def _close_trace(self) -> None:
+        """Close the ``--trace`` file, if open."""
+        f, self._trace_file = self._trace_file, None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
 
     def _analysis_round(self) -> None:
         """Trim the store, look for a hang, evaluate the rules; an error is logged, never raised."""
