@@ -13,6 +13,7 @@ from torchwatch.analysis import stacks
 from torchwatch.analysis.features import gpus_in_use
 from torchwatch.model.observation import GpuRow, MemoryTrend, ProcessRow, StackRow
 from torchwatch.model.readings import Frame, GpuSample, ProcessSample, Role, StackSample, ThreadSample
+from torchwatch.model.text import escape
 from torchwatch.model.units import WAIT_LETTERS
 
 
@@ -70,7 +71,7 @@ def process_rows(
             ProcessRow(
                 pid=p.pid,
                 role=p.role.value,
-                name=p.name,
+                name=escape(p.name),  # the process's own text (prctl, argv[0]): never a line or an escape of its own
                 cpu_pct=sum(vals) / len(vals) if vals else None,
                 rss_bytes=p.rss_bytes,
                 read_bytes_per_s=p.read_bytes_per_s,

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from torchwatch import __version__
+from torchwatch.model import files
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.labels import LABELS
+from torchwatch.model.text import escape
 
 if TYPE_CHECKING:
     from torchwatch.watch.lifecycle import StopSignals
@@ -93,6 +95,27 @@ def _positive(option: str) -> Callable[[str], float]:
 
 
 _duration = _positive("--duration")
+
+# serve's caps (torchwatch.cli.serve.Fleet; here, so --help needs no watch machinery). Each
+# training watched costs a session (a few threads, ~1 % of a core at the fast cadence) and a
+# py-spy process (half of that): what any user could make root spend by starting processes that
+# look like trainings is bounded by them. 16: two trainings per GPU of an 8-GPU node; 4 a user:
+# one user's look-alikes cannot take every place.
+MAX_TRAININGS = 16
+MAX_PER_USER = 4
+
+
+def _count(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be a whole number, not {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{option} must be 1 or more, not {text}")
+        return value
+
+    return parse
 
 
 def _window(text: str) -> float:
@@ -354,8 +377,9 @@ def _add_serve(sub: Any) -> None:
     serve = sub.add_parser(
         "serve",
         help="watch every PyTorch training on this machine (one exporter per node)",
-        description="Look for PyTorch trainings every --scan seconds (Python processes that loaded libtorch, "
-        "topmost of their tree: a torchrun launcher with its ranks) and watch each from outside, with the "
+        description="Look for PyTorch trainings every --scan seconds (Python interpreters that imported torch, "
+        "topmost of their tree: a torchrun launcher with its ranks; at most --max-trainings, --max-per-user of one "
+        "user) and watch each from outside, with the "
         "readings of torchwatch's hook where a training carries it; nothing is injected. New trainings are "
         "picked up, ended ones dropped. --prometheus serves them all; without it a status line per training "
         "goes to stderr. SIGTERM or SIGINT stops it (exit 128+N).",
@@ -369,6 +393,20 @@ def _add_serve(sub: Any) -> None:
     serve.add_argument("--window", type=_window, default=10.0, metavar="SECONDS", help="verdict window, 3 to 300")
     serve.add_argument("--duration", type=_duration, metavar="SECONDS", help="stop after SECONDS")
     serve.add_argument("--rules", metavar="DIR", action="append", type=Path, default=[], help="add rules from DIR")
+    serve.add_argument(
+        "--max-trainings",
+        type=_count("--max-trainings"),
+        default=MAX_TRAININGS,
+        metavar="N",
+        help=f"watch at most N trainings at once (default {MAX_TRAININGS}; each costs a session and a py-spy)",
+    )
+    serve.add_argument(
+        "--max-per-user",
+        type=_count("--max-per-user"),
+        default=MAX_PER_USER,
+        metavar="N",
+        help=f"watch at most N trainings of one user at once (default {MAX_PER_USER})",
+    )
     _logging_options(serve, top=False)
 
 
@@ -382,12 +420,53 @@ class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
+class _LogFile(logging.StreamHandler):  # type: ignore[type-arg]
+    """``--log-file``: a handler on a file opened by :func:`torchwatch.model.files.open_append`
+    (never through a symbolic link, nor in a directory another user can change), closed with it."""
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        try:
+            self.flush()
+            self.stream.close()
+        finally:
+            super().close()
+
+
+class OneLineFormatter(logging.Formatter):
+    """Every record on one line of its own: the message (which may carry a target's text: a
+    frame's function name, a command line) has its characters that are not printable escaped
+    (:func:`torchwatch.model.text.escape`), and a traceback's lines are indented, so nothing
+    written by a watched process can pass for a record of its own in the log."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The record's line, its message escaped."""
+        safe = logging.makeLogRecord(record.__dict__)
+        safe.message = escape(record.message)
+        return super().formatMessage(safe)
+
+    def formatException(self, ei: Any) -> str:
+        """The traceback, each line escaped and indented."""
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        """The stack, each line escaped and indented."""
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + escape(line) for line in text.split("\n"))
+
+
 def configure_logging(verbose: bool, log_file: Path | None) -> None:
     """Configure the ``torchwatch`` loggers: warnings (debug with ``verbose``) on stderr, or every
-    record from info up (debug with ``verbose``) appended to ``log_file``.
+    record from info up (debug with ``verbose``) appended to ``log_file``. Every record is one
+    line (:class:`OneLineFormatter`); the file is opened as :func:`torchwatch.model.files.open_append`
+    does (created 0600; a symbolic link, another user's file or a directory another user can
+    change is refused).
 
     Raises:
-        TorchwatchError: ``log_file`` cannot be opened for appending.
+        TorchwatchError: ``log_file`` cannot be opened for appending, or is refused.
     """
     root = logging.getLogger("torchwatch")
     for old in list(root.handlers):
@@ -396,19 +475,22 @@ def configure_logging(verbose: bool, log_file: Path | None) -> None:
     handler: logging.Handler
     if log_file is not None:
         try:
-            handler = logging.FileHandler(log_file.expanduser(), mode="a", encoding="utf-8")
+            stream = os.fdopen(files.open_append(log_file.expanduser()), "a", encoding="utf-8")
         except OSError as exc:
             raise TorchwatchError(
                 f"cannot write the log to {log_file}: {exc.strerror or exc}",
-                "give --log-file a path in an existing, writable directory",
+                files.UNSAFE_HINT.format(option="--log-file")
+                if isinstance(exc, files.UnsafePath)
+                else "give --log-file a path in an existing, writable directory",
             ) from None
+        handler = _LogFile(stream)
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(process)d %(threadName)s %(name)s: %(message)s")
+            OneLineFormatter("%(asctime)s %(levelname)s %(process)d %(threadName)s %(name)s: %(message)s")
         )
         root.setLevel(logging.DEBUG if verbose else logging.INFO)
     else:
         handler = _CurrentStderr()
-        handler.setFormatter(logging.Formatter("torchwatch: %(levelname)s: %(message)s"))
+        handler.setFormatter(OneLineFormatter("torchwatch: %(levelname)s: %(message)s"))
         root.setLevel(logging.DEBUG if verbose else logging.WARNING)
     root.addHandler(handler)
 
@@ -493,6 +575,8 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
                     window_s=args.window,
                     duration=args.duration,
                     rules_dirs=args.rules,
+                    max_trainings=args.max_trainings,
+                    max_per_user=args.max_per_user,
                 )
         elif args.command == "detach":
             from torchwatch.cli.injecting import detach_command

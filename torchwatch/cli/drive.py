@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -33,8 +34,10 @@ from torchwatch.cli.injecting import Injected, detach_hook, inject_hook, inject_
 from torchwatch.faces import hang, report
 from torchwatch.faces.headless import status_line
 from torchwatch.inject.injector import Injector
+from torchwatch.model import files
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.model.observation import Observation
+from torchwatch.model.text import terminal_safe
 from torchwatch.watch.job import distinct_trainings, find_job, several_trainings_error
 from torchwatch.watch.lifecycle import (
     Launched,
@@ -55,6 +58,9 @@ STATUS_EVERY_S = 10.0  # headless: a status line at least this often, and on eve
 # have run (an evaluation takes 2-5 ms of CPU on a small tree, measured with cProfile; more on a
 # loaded machine, and a late one is only printed a tick later).
 VERDICT_LAG_S = 0.05
+# The hang record holds every thread's stack of every process (file names, function names, the
+# training's own code): readable by whoever runs torchwatch only, as an ssh key is.
+HANG_FILE_MODE = 0o600
 
 
 @dataclass
@@ -157,20 +163,23 @@ class Exporter:
 
 
 def check_trace_path(path: Path | None) -> None:
-    """Check, before watching, that ``--trace PATH`` can be appended to (it is created if missing).
+    """Check, before watching, that ``--trace PATH`` can be appended to (it is created, 0600, if
+    missing), opened as the session will (:func:`torchwatch.model.files.open_append`).
 
     Raises:
-        TorchwatchError: PATH is a directory, or cannot be created or written.
+        TorchwatchError: PATH is a directory, cannot be created or written, or is refused (a
+            symbolic link, another user's file, a directory another user can change).
     """
     if path is None:
         return
     try:
-        with open(path.expanduser(), "a"):
-            pass
+        os.close(files.open_append(path.expanduser()))
     except OSError as exc:
         raise TorchwatchError(
             f"cannot write the trace to {path}: {exc.strerror or exc}",
-            "give --trace a file path in an existing, writable directory",
+            files.UNSAFE_HINT.format(option="--trace")
+            if isinstance(exc, files.UnsafePath)
+            else "give --trace a file path in an existing, writable directory",
         ) from None
 
 
@@ -499,15 +508,18 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
             stops.wait(wait)
 
 
-def _emit(text: str, stream: TextIO, fatal: bool = True) -> bool:
-    """Print ``text`` on ``stream``; whether it worked.
+def _emit(text: str, stream: TextIO, fatal: bool = True, raw: bool = False) -> bool:
+    """Print ``text`` on ``stream``; whether it worked. Unless ``raw`` (the training's own output,
+    shown as it would have been without torchwatch), every character that is not printable but
+    newlines and tabs is escaped first (:func:`torchwatch.model.text.terminal_safe`): a status
+    line or a report carries the target's text, and none of it may act on the terminal.
 
     Raises:
         BrokenPipeError: the reader went away (a closed pipe, or a terminal that hung up: EIO),
             when ``fatal``; the CLI then ends quietly.
     """
     try:
-        print(text, file=stream, flush=True)
+        print(text if raw else terminal_safe(text), file=stream, flush=True)
         return True
     except OSError as exc:
         if not fatal or exc.errno not in (errno.EPIPE, errno.EIO):
@@ -522,18 +534,19 @@ def _show_log(path: Path, lines: int = 40) -> None:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return
-    if text and _emit("\n".join(text[-lines:]), sys.stdout, fatal=False):
+    if text and _emit("\n".join(text[-lines:]), sys.stdout, fatal=False, raw=True):
         _emit(f"torchwatch: the training's output ({len(text)} lines) is in {path}", sys.stderr, fatal=False)
 
 
 def _write_hang_file(obs: Observation, report_path: Path) -> None:
     """The recorded hang's threads in ``<report stem>.hang.txt`` beside the report, written as the
-    report is (a new file renamed into place, never through a symlink); nothing when none was recorded."""
+    report is (a new file renamed into place, never through a symlink), mode 0600: the stacks of
+    every process are for the operator only (:data:`HANG_FILE_MODE`); nothing when none was recorded."""
     if obs.hang is None:
         return
     path = hang.hang_path(report_path)
     try:
-        report.write_atomic(path, hang.hang_file_text(obs.hang, report_path.name) + "\n")
+        report.write_atomic(path, hang.hang_file_text(obs.hang, report_path.name) + "\n", HANG_FILE_MODE)
     except OSError as exc:
         print(f"torchwatch: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
     else:

@@ -1,9 +1,10 @@
 """``torchwatch serve``: one long-running watcher per machine, for every training it finds.
 
 Every ``--scan`` seconds it looks for trainings (:func:`torchwatch.watch.discover.find_trainings`:
-the topmost Python processes that loaded libtorch), starts a watch :class:`Session` on each new one
-(from outside: ``/proc``, py-spy, NVML, and the hook's readings where the training carries it;
-nothing is injected) and drops the ones that ended. ``--prometheus`` serves all of them on one
+the topmost Python interpreters that imported torch), starts a watch :class:`Session` on each new
+one (from outside: ``/proc``, py-spy, NVML, and the hook's readings where the training carries it;
+nothing is injected), at most ``--max-trainings`` of them and ``--max-per-user`` of one user
+(:class:`Fleet`), and drops the ones that ended. ``--prometheus`` serves all of them on one
 ``/metrics``; without it, a status line per training goes to stderr every ``STATUS_EVERY_S``.
 SIGINT, SIGTERM or SIGHUP (or ``--duration``) stop every session and the server; torchwatch then
 ends by that signal (128+N), as ``run`` and ``attach`` do.
@@ -16,16 +17,20 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from torchwatch.analysis.rules_engine import Rule, load_rules
+from torchwatch.cli import MAX_PER_USER, MAX_TRAININGS
 from torchwatch.faces.headless import status_line
 from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.observation import Observation
+from torchwatch.model.text import terminal_safe
+from torchwatch.sources.hook import HookReader
 from torchwatch.watch.discover import find_trainings
 from torchwatch.watch.lifecycle import StopSignals
 from torchwatch.watch.session import Session, SessionOptions
@@ -41,22 +46,40 @@ class _Watched:
     started: float  # the process's start time: a reused PID is another training
     session: Session
     since: float
+    uid: int | None = None
 
 
 class Fleet:
     """The sessions of the trainings found, by PID; thread-safe for the exporter's scrapes.
 
+    At most ``max_trainings`` are watched, at most ``max_per_user`` of one user (the process's
+    real uid); new trainings beyond are left out (said once each) until a place frees. When
+    there are more new trainings than places, those whose hook published a checked record
+    (:class:`~torchwatch.sources.hook.HookReader`: a live hook of that very process) go first,
+    then the oldest: a burst of new look-alikes cannot push out a training already watched.
+
     Args:
         rules: the rules every session diagnoses with.
         window_s: each session's verdict window, s.
+        max_trainings: trainings watched at once (:data:`MAX_TRAININGS`).
+        max_per_user: trainings of one user watched at once (:data:`MAX_PER_USER`).
     """
 
-    def __init__(self, rules: list[Rule], window_s: float) -> None:
+    def __init__(
+        self,
+        rules: list[Rule],
+        window_s: float,
+        max_trainings: int = MAX_TRAININGS,
+        max_per_user: int = MAX_PER_USER,
+    ) -> None:
         self._rules = rules
         self._window_s = window_s
+        self.max_trainings = max_trainings
+        self.max_per_user = max_per_user
         self._lock = threading.Lock()
         self._watched: dict[int, _Watched] = {}
         self._refused: set[tuple[int, float]] = set()
+        self._capped: set[tuple[int, float]] = set()  # left out for a cap, said once
 
     def observations(self) -> list[Observation | None]:
         """The latest Observation of each training watched (``None`` before its first analysis)."""
@@ -85,17 +108,47 @@ class Fleet:
         ]
         for pid in dropped:
             self._drop(pid)
+        with self._lock:
+            kept = list(self._watched.values())
+        per_user = Counter(w.uid for w in kept)
+        total = len(kept)
+        # the instance watched (or dropped: ended) stays as it is; a reused PID is a new training
+        new = [
+            (pid, when)
+            for pid, when in found.items()
+            if not ((pid in current and current[pid].started == when) or (pid, when) in self._refused)
+        ]
+        if len(new) > 1:
+            hooked = {pid: _hooked(pid) for pid, _ in new}
+            new.sort(key=lambda item: (not hooked[item[0]], item[1], item[0]))
+        self._capped &= set(new)  # a training gone or watched may be said again later
         started = []
-        for pid, when in sorted(found.items()):
-            # the instance watched (or dropped: ended) stays as it is; a reused PID is a new training
-            if (pid in current and current[pid].started == when) or (pid, when) in self._refused:
+        for pid, when in new:
+            uid = _uid(pid)
+            if total >= self.max_trainings:
+                self._left_out(pid, when, f"{total} trainings watched already (--max-trainings {self.max_trainings})")
                 continue
-            session = self._start(pid, when)
+            if per_user[uid] >= self.max_per_user:
+                self._left_out(
+                    pid,
+                    when,
+                    f"{per_user[uid]} trainings of uid {uid} watched already (--max-per-user {self.max_per_user})",
+                )
+                continue
+            session = self._start(pid, when, uid)
             if session is not None:
                 started.append(pid)
-        return started, dropped
+                total += 1
+                per_user[uid] += 1
+        return sorted(started), dropped
 
-    def _start(self, pid: int, when: float) -> Session | None:
+    def _left_out(self, pid: int, when: float, why: str) -> None:
+        """Say once that ``pid`` is not watched for a cap (it is looked at again every scan)."""
+        if (pid, when) not in self._capped:
+            self._capped.add((pid, when))
+            print(f"torchwatch serve: not watching PID {pid} for now: {why}", file=sys.stderr)
+
+    def _start(self, pid: int, when: float, uid: int | None = None) -> Session | None:
         try:
             check_attachable(pid)
             session = Session(pid, self._rules, SessionOptions(window_s=self._window_s))
@@ -106,9 +159,9 @@ class Fleet:
             return None
         session.start()
         with self._lock:
-            self._watched[pid] = _Watched(when, session, time.monotonic())
-        cmd = " ".join(session.observe().target.cmdline)[:200]
-        print(f"torchwatch serve: watching PID {pid}: {cmd}", file=sys.stderr)
+            self._watched[pid] = _Watched(when, session, time.monotonic(), uid)
+        cmd = " ".join(session.observe().target.cmdline)[:200]  # escaped by the Observation
+        print(terminal_safe(f"torchwatch serve: watching PID {pid}: {cmd}"), file=sys.stderr)
         return session
 
     def _drop(self, pid: int, why: str = "ended") -> None:
@@ -127,6 +180,23 @@ class Fleet:
             self._drop(pid, "left running")
 
 
+def _uid(pid: int) -> int | None:
+    """The real uid of ``pid`` (``None`` when it cannot be read)."""
+    try:
+        return int(psutil.Process(pid).uids().real)
+    except psutil.Error:
+        return None
+
+
+def _hooked(pid: int) -> bool:
+    """Whether ``pid``'s hook published a record that passes every check (its very process
+    instance, its user's private directory): the best evidence of a training there is."""
+    try:
+        return HookReader(pid).record() is not None
+    except Exception:  # a reader that fails says nothing either way
+        return False
+
+
 def _alive(pid: int, started: float) -> bool:
     try:
         p = psutil.Process(pid)
@@ -143,6 +213,8 @@ def serve_command(
     window_s: float = 10.0,
     duration: float | None = None,
     rules_dirs: list[Path] | None = None,
+    max_trainings: int = MAX_TRAININGS,
+    max_per_user: int = MAX_PER_USER,
 ) -> int:
     """``torchwatch serve``: watch every training found until a stop signal or ``duration``.
 
@@ -153,6 +225,7 @@ def serve_command(
         window_s: each session's verdict window, s.
         duration: stop after this many seconds (``None``: until a signal).
         rules_dirs: ``--rules`` directories.
+        max_trainings / max_per_user: the caps of :class:`Fleet`.
 
     Returns:
         0 (a stop signal makes the caller end by it).
@@ -161,14 +234,14 @@ def serve_command(
         TorchwatchError: bad rules, or the metrics address cannot be bound.
     """
     rules = load_rules(rules_dirs or [])
-    fleet = Fleet(rules, window_s)
+    fleet = Fleet(rules, window_s, max_trainings, max_per_user)
     server = None
     if listen is not None:
         server = MetricsServer(ObservationCollector(fleet.observations, socket.gethostname()), *listen)
         print(f"torchwatch serve: Prometheus metrics on {server.url}", file=sys.stderr)
     print(
-        f"torchwatch serve: looking for PyTorch trainings every {scan_s:g} s (Python processes with libtorch "
-        "loaded; nothing is injected)",
+        f"torchwatch serve: looking for PyTorch trainings every {scan_s:g} s (Python interpreters that imported "
+        f"torch; at most {max_trainings}, {max_per_user} a user; nothing is injected)",
         file=sys.stderr,
     )
     start = time.monotonic()
@@ -182,7 +255,7 @@ def serve_command(
                     if now - last_status.get(pid, 0.0) >= STATUS_EVERY_S:
                         obs = session.latest_observation
                         elapsed = obs.elapsed_s if obs is not None else 0.0
-                        print(f"PID {pid}: {status_line(obs, elapsed)}", file=sys.stderr)
+                        print(terminal_safe(f"PID {pid}: {status_line(obs, elapsed)}"), file=sys.stderr)
                         last_status[pid] = now
             remaining = scan_s if duration is None else min(scan_s, max(0.0, duration - (time.monotonic() - start)))
             stops.wait(remaining)

@@ -29,9 +29,18 @@ from typing import Any
 from torchwatch.faces.report import SCHEMA
 from torchwatch.hook.wire import LOADER_SETTINGS
 from torchwatch.model.errors import UsageError
+from torchwatch.model.text import escape, terminal_safe
 from torchwatch.model.units import MIB, amp_words, fmt_value
 
-__all__ = ["MAX_REPORT_BYTES", "Comparison", "compare", "load_report", "render_markdown", "render_text"]
+__all__ = [
+    "MAX_REPORT_BYTES",
+    "REPORT_FIELDS",
+    "Comparison",
+    "compare",
+    "load_report",
+    "render_markdown",
+    "render_text",
+]
 
 MAX_REPORT_BYTES = 64 << 20  # a report is a few hundred KiB at most; anything bigger is not one
 TOP_FEATURES = 8
@@ -62,7 +71,9 @@ def load_report(path: str) -> dict[str, Any]:
     keys :func:`compare` reads with their types.
 
     Raises:
-        UsageError: missing, unreadable, too large, not JSON, not a torchwatch report (exit 2).
+        UsageError: missing, unreadable, too large, not JSON, not a torchwatch report, or a field
+            compare reads is missing or of the wrong type (:data:`REPORT_FIELDS`; the message
+            names the field) (exit 2).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -80,18 +91,100 @@ def load_report(path: str) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
         raise UsageError(f"{path} is not JSON{where}", _FIX) from None
+    except RecursionError:
+        raise UsageError(f"{path} is JSON nested too deeply for a torchwatch report", _FIX) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise UsageError(f"{path} is not a torchwatch report (schema {found!r}, expected {SCHEMA!r})", _FIX)
-    for key, kind in (("target", dict), ("verdict", dict), ("features", dict), ("findings", list)):
-        if not isinstance(data.get(key), kind):
-            raise UsageError(f"{path} is a malformed torchwatch report: {key!r} missing or not a {kind.__name__}", _FIX)
-    verdict = data["verdict"]
-    if not isinstance(verdict.get("label"), str) or not isinstance(verdict.get("confidence"), (int, float)):
-        raise UsageError(f"{path} is a malformed torchwatch report: bad 'verdict'", _FIX)
-    if not isinstance(data.get("hook"), (dict, type(None))):
-        raise UsageError(f"{path} is a malformed torchwatch report: 'hook' is not an object", _FIX)
+    problem = _field_problem(data)
+    if problem:
+        raise UsageError(f"{path} is a malformed torchwatch report: {problem}", _FIX)
     return data
+
+
+# Every field compare reads, with its JSON type: (dotted name, type, required). A field that is
+# not required may be missing or null; a field under a missing or null object is not looked at.
+REPORT_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("target", "object", True),
+    ("target.cmdline", "list of strings", False),
+    ("verdict", "object", True),
+    ("verdict.label", "string", True),
+    ("verdict.confidence", "number", True),
+    ("verdict.summary", "string", False),
+    ("features", "object", True),
+    ("feature_units", "object of strings", False),
+    ("findings", "list", True),
+    ("hook", "object", False),
+    ("hook.steps_per_s", "number", False),
+    ("hook.step_time_ms", "object", False),
+    ("hook.step_time_ms.p50", "number", False),
+    ("hook.dataloader", "object", False),
+    ("hook.amp", "object", False),
+    ("hook.amp.autocast", "boolean", False),
+    ("hook.amp.dtype", "string", False),
+    ("hook.amp.device_type", "string", False),
+    ("hook.amp.grad_scaler", "boolean", False),
+    ("hook.gpu_settings", "object", False),
+    ("ranks", "list", False),
+    ("window", "object", False),
+    ("window.seconds", "number", False),
+    ("host", "string", False),
+    ("created", "string", False),
+)
+
+
+def _json_kind(value: Any) -> str:
+    """``value``'s JSON type, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "list":
+        return isinstance(value, list)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "list of strings":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    assert kind == "object of strings", kind
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _field_problem(data: Mapping[str, Any]) -> str:
+    """The first field of :data:`REPORT_FIELDS` that is missing or of the wrong type, in words
+    (``'verdict.label' is a number, expected a string``); ``""`` when all are right."""
+    for name, kind, required in REPORT_FIELDS:
+        *parents, key = name.split(".")
+        holder: Any = data
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict):
+            continue  # its object is optional and absent (a wrong type is said at the object)
+        value = holder.get(key)
+        if value is None:
+            if required:
+                return f"{name!r} is missing, expected {_article(kind)}"
+            continue
+        if not _is(value, kind):
+            return f"{name!r} is {_json_kind(value)}, expected {_article(kind)}"
+    return ""
+
+
+def _article(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 @dataclass(frozen=True)
@@ -169,7 +262,7 @@ def settings(report: Mapping[str, Any]) -> dict[str, str]:
     """The settings a report carries, ``{name: value as text}`` in a stable order: the command,
     the DataLoader's, usable CPUs, AMP, the GPU settings, torch, the ranks, the window."""
     hook = _hook(report)
-    out: dict[str, str] = {"command": " ".join(str(a) for a in report["target"].get("cmdline") or [])}
+    out: dict[str, str] = {"command": " ".join(escape(str(a)) for a in report["target"].get("cmdline") or [])}
     loader = hook.get("dataloader")
     if isinstance(loader, Mapping):
         out.update({name: _text(loader.get(name)) for name in LOADER_SETTINGS})
@@ -214,7 +307,7 @@ def _moves(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Move]:
 
 
 def _name(path: str, report: Mapping[str, Any]) -> str:
-    cmd = " ".join(str(a) for a in report["target"].get("cmdline") or []) or "?"
+    cmd = " ".join(escape(str(a)) for a in report["target"].get("cmdline") or []) or "?"
     parts = [cmd, *(str(report[k]) for k in ("host", "created") if report.get(k))]
     return f"{path} ({', '.join(parts)})"
 
@@ -334,4 +427,5 @@ def compare_files(path_a: str, path_b: str, markdown: bool = False) -> str:
         UsageError: either file is not a torchwatch report (see :func:`load_report`).
     """
     c = compare(load_report(path_a), load_report(path_b), (Path(path_a).name, Path(path_b).name))
-    return render_markdown(c) if markdown else render_text(c)
+    # a report may come from another user: nothing in it may act on the terminal
+    return terminal_safe(render_markdown(c) if markdown else render_text(c))

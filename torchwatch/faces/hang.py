@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch.model.hang import HangView, frame_text
+from torchwatch.model.text import escape
 
 __all__ = ["hang_file_text", "hang_lines", "hang_path", "notice"]
 
@@ -65,7 +66,7 @@ def hang_file_text(view: HangView, report_name: str) -> str:
         if d.error:
             lines.append(f"  no dump: {d.error}")
         for t in d.threads:
-            lines.append(f'  Thread {t.tid} ({"active" if t.active else "idle"}): "{t.name}"')
+            lines.append(f'  Thread {t.tid} ({"active" if t.active else "idle"}): "{escape(t.name)}"')
             lines += [f"      {frame_text(f)}" for f in reversed(t.frames)]
         lines.append("")
     return "\n".join(lines)

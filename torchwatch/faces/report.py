@@ -12,7 +12,6 @@ import math
 import os
 import secrets
 import socket
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -24,10 +23,12 @@ from torchwatch import __version__
 from torchwatch.faces.burst import burst_lines
 from torchwatch.faces.hang import hang_lines
 from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
+from torchwatch.model import files
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.findings import Verdict
 from torchwatch.model.observation import Observation
 from torchwatch.model.readings import SourceStatus
+from torchwatch.model.text import escape, json_safe, terminal_safe
 from torchwatch.model.units import amp_words, fmt_bytes, fmt_ms, fmt_share, fmt_value
 
 SCHEMA = "torchwatch.report/1"
@@ -299,10 +300,12 @@ def status_text(name: str, st: SourceStatus) -> str:
 
 
 def render_text(report: Mapping[str, Any]) -> str:
-    """The report for a terminal: verdict, findings with evidence and fixes, sources."""
+    """The report for a terminal: verdict, findings with evidence and fixes, sources. The target's
+    text in it (its command line, frames, names) has every character that is not printable
+    escaped (:mod:`torchwatch.model.text`): no escape sequence reaches the terminal, no line is forged."""
     target, verdict = report["target"], report["verdict"]
     units: Mapping[str, str] = report.get("feature_units") or {}
-    cmd = " ".join(target["cmdline"]) or "?"
+    cmd = " ".join(escape(str(a)) for a in target["cmdline"]) or "?"
     exit_part = "" if target["exit_code"] is None else f", exit {target['exit_code']}"
     ended = ENDINGS.get(str(report.get("ended_by")))
     ended_part = f"; {ended}" if ended else ""
@@ -331,7 +334,7 @@ def render_text(report: Mapping[str, Any]) -> str:
     line = sampling_line(report.get("sampling"))
     if line:
         lines.append(line)
-    return "\n".join(lines)
+    return terminal_safe("\n".join(lines))
 
 
 def rank_lines(ranks: list[Mapping[str, Any]], straggler: Mapping[str, Any] | None) -> list[str]:
@@ -361,8 +364,9 @@ def straggler_text(straggler: Mapping[str, Any] | None) -> str:
 
 
 def dumps(report: Mapping[str, Any]) -> str:
-    """JSON text of the report (indented, UTF-8 safe)."""
-    return json.dumps(report, indent=2, ensure_ascii=False)
+    """JSON text of the report (indented, UTF-8; every character that is not printable, the target's
+    text included, as a ``\\u`` escape: the same JSON, and nothing a terminal would act on)."""
+    return json_safe(json.dumps(report, indent=2, ensure_ascii=False))
 
 
 def default_name(pid: int, kind: str = "report") -> str:
@@ -389,17 +393,26 @@ def check_json_path(path: str | None) -> None:
             "give --json a path in an existing, writable directory",
         )
     # os.access says yes to root everywhere, /proc and read-only mounts included: the report is
-    # written as a new file renamed into place, so make one (exclusively, never through a link).
+    # written as a new file renamed into place, so make one (exclusively, never through a link),
+    # in the directory reached as the report will be (files.open_dir: no other user can redirect it).
     try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".torchwatch-check-")
+        fd = files.open_dir(folder)
+        try:
+            probe = f".torchwatch-check-{secrets.token_hex(4)}"
+            os.close(
+                os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+            )
+            with contextlib.suppress(OSError):
+                os.unlink(probe, dir_fd=fd)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise TorchwatchError(
             f"cannot write the JSON report to {path}: {folder}: {exc.strerror or exc}",
-            "give --json a path in an existing, writable directory",
+            files.UNSAFE_HINT.format(option="--json")
+            if isinstance(exc, files.UnsafePath)
+            else "give --json a path in an existing, writable directory",
         ) from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
 
 
 def json_target(path: str, pid: int, kind: str = "report") -> Path:
@@ -408,24 +421,19 @@ def json_target(path: str, pid: int, kind: str = "report") -> Path:
     return target / default_name(pid, kind) if target.is_dir() else target
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
     """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one, never a part.
 
     The text goes to a new file beside ``path`` (created exclusively, never through a symlink,
-    mode 0666 less the umask as ``open`` would give), is flushed to disk, then renamed over
-    ``path`` (rename(2) is atomic within a file system and replaces a symlink, never follows it).
+    in a directory no other user can change: :func:`torchwatch.model.files.write_atomic`), is
+    flushed to disk, then renamed over ``path`` (rename(2) replaces a symlink, never follows it).
+
+    Args:
+        mode: the file's mode (``None``: 0666 less the umask, as ``open`` would give).
 
     Raises:
-        OSError: the directory is not writable, the disk is full, ... (the temporary file is removed).
+        OSError: the directory is not writable or another user could change it
+            (:class:`~torchwatch.model.files.UnsafePath`), the disk is full, ... (the temporary
+            file is removed).
     """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    files.write_atomic(path, text, mode)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torchwatch.model.text import escape
+
 EXIT_CANNOT_WATCH = 1  # torchwatch could not watch: bad input, or an internal error while watching
 EXIT_USAGE = 2  # a bad option or value, a malformed rule file
 EXIT_FAIL_ON = 3  # --fail-on matched the final verdict (and the status would otherwise be 0)
@@ -29,11 +31,12 @@ class TorchwatchError(Exception):
         self.exit_code = exit_code
 
     def one_line(self) -> str:
-        """``torchwatch: error: MESSAGE (hint: HINT)`` on a single line."""
+        """``torchwatch: error: MESSAGE (hint: HINT)`` on a single line; other characters that are
+        not printable (a command line's escape sequence) come escaped (:func:`torchwatch.model.text.escape`)."""
         text = f"torchwatch: error: {self.message}"
         if self.hint:
             text += f" (hint: {self.hint})"
-        return text.replace("\n", " ")
+        return escape(text.replace("\n", " "))
 
 
 class UsageError(TorchwatchError):

@@ -11,13 +11,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from torchwatch.model.readings import Frame
+from torchwatch.model.text import escape
 
 __all__ = ["DumpedThread", "HangProcess", "HangView", "ProcessDump", "frame_text"]
 
 
 def frame_text(frame: Frame | None) -> str | None:
-    """``name (file:line)`` as py-spy prints a frame; ``None`` for no frame."""
-    return None if frame is None else f"{frame.name} ({frame.filename}:{frame.line})"
+    """``name (file:line)`` as py-spy prints a frame; ``None`` for no frame. The names are the
+    target's text: a character that is not printable is escaped (:func:`~torchwatch.model.text.escape`)."""
+    return None if frame is None else f"{escape(frame.name)} ({escape(frame.filename)}:{frame.line})"
 
 
 @dataclass(frozen=True)

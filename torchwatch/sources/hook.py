@@ -27,9 +27,14 @@ from typing import Any
 
 from torchwatch.hook import publish, wire
 from torchwatch.model.readings import HookState, SourceStatus, Status
+from torchwatch.model.text import escape
 from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
+BASE_REFUSED_HINT = (
+    "set TORCHWATCH_DIR in the training's environment to a private directory of the training's user "
+    "(e.g. $HOME/.cache/torchwatch), then start the training again"
+)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -143,6 +148,7 @@ class HookReader:
             self.dir = _base(pid, self.uid) / self.instance.dir_name
         else:
             self.dir = None
+        self.base = self.dir.parent if self.dir is not None else None
         self.missing = True
         self.gone = False
         self._info: dict[str, Any] | None = None
@@ -174,6 +180,24 @@ class HookReader:
         if self.dir is None or self.uid is None:
             raise wire.WireError(self.reason or f"PID {self.pid} cannot be read")
         return publish.open_dir(self.dir, (self.uid,), private=True)
+
+    def base_refused(self) -> str:
+        """Why no hook of this process can publish at all: its base directory (``$TMPDIR/
+        torchwatch-UID`` or ``TORCHWATCH_DIR``) is one the hook refuses, as its own check does
+        (:func:`torchwatch.hook.publish.prepare_dir`: a symbolic link, another user's, writable
+        by others without the sticky bit), so a hook there turns itself off. One line naming the
+        directory and the check (escaped: the path comes from the training's environment);
+        ``""`` when it is fine, missing (the hook creates it) or cannot be told."""
+        if self.base is None or self.uid is None:
+            return ""
+        try:
+            fd = publish.open_dir(self.base, (self.uid,), private=False)
+        except publish.Unsafe as exc:
+            return escape(str(exc))
+        except OSError:
+            return ""
+        os.close(fd)
+        return ""
 
     def _fail(self, reason: str, missing: bool = False) -> None:
         self.reason, self.missing = reason, missing
@@ -435,6 +459,13 @@ class HookSource:
                 self.status = SourceStatus.gone("the training exited (its hook removed its files)")
             elif not rd.missing:
                 self.status = SourceStatus.unavailable(rd.reason, NO_HOOK_HINT)
+            elif refused := rd.base_refused():
+                said = "the hook is off: it refuses its directory" if self.expected else f"no hook in PID {rd.pid}"
+                self.status = SourceStatus.unavailable(
+                    f"{said}: {refused} (another user may have made it first); set TORCHWATCH_DIR for the "
+                    "training to a private directory of its user",
+                    BASE_REFUSED_HINT,
+                )
             elif self.expected:
                 self.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
             else:

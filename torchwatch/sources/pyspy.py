@@ -27,6 +27,7 @@ from pathlib import Path
 
 from torchwatch.model.hang import DumpedThread
 from torchwatch.model.readings import Frame, Role, SourceStatus, StackSample, Status
+from torchwatch.model.text import escape
 
 _FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
@@ -52,10 +53,13 @@ def parse_raw(text: str, t: float, main_pid: int, role_of: Callable[[int], Role]
         role_of: role of a PID in the watched tree.
 
     Returns:
-        One :class:`StackSample` per line; malformed lines are skipped.
+        One :class:`StackSample` per line; malformed lines are skipped. Names (frames, files,
+        threads) are the target's text: characters that are not printable come escaped
+        (:func:`~torchwatch.model.text.escape`).
     """
     out: list[StackSample] = []
-    for line in text.splitlines():
+    for raw_line in text.split("\n"):
+        line = raw_line if raw_line.isprintable() else escape(raw_line)
         stack, _, count_text = line.rstrip().rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
@@ -266,6 +270,10 @@ DUMP_MAX_BYTES = 8 << 20  # 8 MiB of JSON: thousands of deep threads
 def parse_dump(text: str) -> tuple[DumpedThread, ...]:
     """Threads from ``py-spy dump --json`` output (a list of threads, frames innermost first).
 
+    Frame, file and thread names are the target's text: characters that are not printable come
+    escaped (:func:`~torchwatch.model.text.escape`), so none makes a line of its own in a log,
+    the hang record or the terminal.
+
     Raises:
         ValueError: not the JSON py-spy writes (the message says what is wrong).
     """
@@ -279,12 +287,12 @@ def parse_dump(text: str) -> tuple[DumpedThread, ...]:
         frames = []
         for f in reversed(item["frames"]):
             if isinstance(f, dict) and isinstance(f.get("line"), int):
-                frames.append(Frame(str(f.get("name", "?")), str(f.get("filename", "?")), f["line"]))
+                frames.append(Frame(escape(str(f.get("name", "?"))), escape(str(f.get("filename", "?"))), f["line"]))
         tid = item.get("os_thread_id") or item.get("thread_id")
         out.append(
             DumpedThread(
                 tid=tid if isinstance(tid, int) else 0,
-                name=str(item.get("thread_name") or ""),
+                name=escape(str(item.get("thread_name") or "")),
                 active=bool(item.get("active")),
                 frames=tuple(frames),
             )

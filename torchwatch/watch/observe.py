@@ -33,6 +33,7 @@ from torchwatch.model.observation import (
     VerdictChange,
 )
 from torchwatch.model.readings import HookState, SourceStatus, Status, ThreadSample
+from torchwatch.model.text import escape_all
 from torchwatch.model.units import amp_words
 
 HISTORY_S = 180.0  # seconds of readings behind the trends ("the last minutes")
@@ -124,13 +125,16 @@ def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
 
 def target_view(root: int, cmdline: Sequence[str], child: ChildProcess | None, gone: bool) -> TargetView:
     """The process torchwatch was given: the launched command (its PID, arguments and shell-style
-    exit status once it ended) or, for ``attach``, the PID named and the training's command line."""
+    exit status once it ended) or, for ``attach``, the PID named and the training's command line.
+
+    The arguments are the target's text: each has its characters that are not printable escaped
+    (:func:`~torchwatch.model.text.escape`), so no face shows a newline or an escape sequence of it."""
     if child is not None:
         code = child.poll()
         status = None if code is None else shell_status(code)
-        args = tuple(str(a) for a in child.args)
+        args = escape_all(str(a) for a in child.args)
         return TargetView(child.pid, args, exit_line(status, True, gone), status, gone)
-    return TargetView(root, tuple(cmdline), exit_line(None, False, gone), None, gone)
+    return TargetView(root, escape_all(cmdline), exit_line(None, False, gone), None, gone)
 
 
 def gpu_note(status: SourceStatus | None) -> str:

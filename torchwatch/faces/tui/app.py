@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from rich.text import Text
 from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -43,6 +44,7 @@ from torchwatch.faces.tui.widgets import (
     show_text,
 )
 from torchwatch.model.observation import ChildProcess, Observation
+from torchwatch.model.text import escape_all
 
 STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
 PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log", "ranks")
@@ -187,7 +189,7 @@ class WatchApp(App[None]):
         self._size_classes(self.size.height)
         self.refresh_view()
         top = self.query_one("#top")
-        top.border_title = f"torchwatch · {self._command()}"
+        top.border_title = Text(f"torchwatch · {self._command()}")  # the command is the target's text: no markup
         self.query_one("#log-title", Static).update(self._log_title())
         nvml = self.observation.status("nvml") if self.observation else None
         if nvml is None or nvml.status.value != "ok":
@@ -229,7 +231,7 @@ class WatchApp(App[None]):
     def _command(self) -> str:
         target = self.observation.target if self.observation else None
         if self.child is not None:
-            return " ".join(str(a) for a in self.child.args)
+            return " ".join(escape_all(str(a) for a in self.child.args))
         return f"PID {target.pid}" if target is not None else "starting"
 
     def _log_title(self) -> str:
@@ -270,7 +272,7 @@ class WatchApp(App[None]):
 
     def on_reader_failed(self, message: ReaderFailed) -> None:
         """Say that reading failed; the reader keeps trying."""
-        self.notify(message.error, severity="error", timeout=10)
+        self.notify(message.error, severity="error", timeout=10, markup=False)
 
     def watch_observation(self, old: Observation | None, obs: Observation | None) -> None:
         """Hand the verdict, the findings and the shown panel their part of the Observation
@@ -297,7 +299,8 @@ class WatchApp(App[None]):
         now = (obs.hang.fired_s, obs.hang.state) if obs.hang is not None else None
         line = notice(obs.hang)
         if now is not None and now != before and line is not None:
-            self.notify(line, severity="error" if now[1] != "stall" else "warning", timeout=30)
+            # the notice quotes the target's frames: plain text, never markup
+            self.notify(line, severity="error" if now[1] != "stall" else "warning", timeout=30, markup=False)
 
     def _fill_panel(self, panel: str, obs: Observation) -> None:
         if panel == "gpu":
@@ -346,7 +349,7 @@ class WatchApp(App[None]):
             wake("a key was pressed in the TUI")
         if event.key == "b" and self.check_action("burst", ()) is None:
             reason = self.observation.focus.burst.reason if self.observation else "no reading yet"
-            self.notify(f"burst unavailable: {reason}", severity="warning")
+            self.notify(f"burst unavailable: {reason}", severity="warning", markup=False)
 
     def action_burst(self) -> None:
         """Ask the hook for a profiler burst (the result appears in the Burst panel)."""
@@ -359,7 +362,7 @@ class WatchApp(App[None]):
             ok, message = self.watched.request_burst()
         except Exception as exc:
             ok, message = False, f"burst request failed: {exc!r}"
-        self.call_from_thread(self.notify, message, severity="information" if ok else "error")
+        self.call_from_thread(self.notify, message, severity="information" if ok else "error", markup=False)
 
     def action_pause(self) -> None:
         """Freeze the display; sampling and analysis go on."""
@@ -391,9 +394,9 @@ class WatchApp(App[None]):
             data = report.build(obs, watched_s=self.clock() - self._started)
             report.write_atomic(path, report.dumps(data) + "\n")
         except Exception as exc:  # the report must never take the app down
-            self.call_from_thread(self.notify, f"cannot write the report: {exc}", severity="error")
+            self.call_from_thread(self.notify, f"cannot write the report: {exc}", severity="error", markup=False)
             return
-        self.call_from_thread(self.notify, f"report written to {path}")
+        self.call_from_thread(self.notify, f"report written to {path}", markup=False)
 
     def action_help(self) -> None:
         """Show every key binding."""

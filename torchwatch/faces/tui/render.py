@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
@@ -100,7 +101,7 @@ def finding_text(finding: Finding, catalogue: Mapping[str, FeatureSpec], verdict
     )
     grid.add_row(Text(finding.severity, style=SEVERITY_STYLES.get(finding.severity, "bold")), head)
     if finding.summary != verdict_summary:
-        grid.add_row("", finding.summary)
+        grid.add_row("", escape_markup(finding.summary))  # it may quote a process's name: never markup
     for fx in finding.fixes:
         grid.add_row(Text("fix", style="bold green"), Text.assemble((f"{fx.title}: ", "green"), fx.detail))
     grid.add_row(
@@ -147,7 +148,13 @@ def evidence_table(finding: Finding, obs: Observation) -> Table:
         spec = obs.catalogue.get(name)
         value = finding.evidence.get(name, obs.features.get(name))
         text = feature_text(name, value, obs.catalogue)
-        table.add_row(name, text, spec.doc if spec else "", spec.source if spec else "")
+        # a value may be the target's text (a neighbour's process name): shown, never read as markup
+        table.add_row(
+            escape_markup(name),
+            escape_markup(text),
+            escape_markup(spec.doc if spec else ""),
+            escape_markup(spec.source if spec else ""),
+        )
     return table
 
 

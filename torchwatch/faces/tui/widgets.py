@@ -41,10 +41,18 @@ def show_text(widget: Static, text: Text) -> None:
     widget.update(text)
 
 
+def _plain(value: str | Text) -> Text:
+    """A cell as plain text: DataTable reads a ``str`` cell as console markup, and a process
+    named ``[/x]`` (the target's own text) would end the app with a MarkupError."""
+    # as DataTable makes a str cell of a one-line row, less the markup
+    return value if isinstance(value, Text) else Text(value, end="", no_wrap=True)
+
+
 def fill_table(table: DataTable[str | Text], rows: Iterable[CellRow]) -> None:
     """Show ``rows`` in ``table``: cells updated in place when the rows are the same keys in the
-    same order, else the rows replaced, the cursor kept on its row key when it is still there."""
-    rows = list(rows)
+    same order, else the rows replaced, the cursor kept on its row key when it is still there.
+    ``str`` cells are shown as they are, never read as markup."""
+    rows = [(key, [_plain(v) for v in cells]) for key, cells in rows]
     current = [row.key.value for row in table.ordered_rows]
     if current and current == [key for key, _ in rows]:
         columns = list(table.columns)
@@ -438,7 +446,9 @@ class BurstPanel(VerticalScroll):
             table: DataTable[str | Text] = self.query_one(table_id, DataTable)
             table.clear()
             for op in rows:
-                table.add_row(op.name, Text(f"{op.ms:.2f}", justify="right"), Text(str(op.calls), justify="right"))
+                table.add_row(
+                    Text(op.name), Text(f"{op.ms:.2f}", justify="right"), Text(str(op.calls), justify="right")
+                )
 
 
 class MemoryPanel(VerticalScroll):
