@@ -309,7 +309,7 @@ def finding_order(f: Finding) -> tuple[int, int, int, float, bool]:
     load does not shrink when the training's does; every reading of the loop is taken under that
     scarcity and their fix changes them all (measured, ``bench/noisy.py``: beside one busy process,
     a DataLoader-bound training ran 5.0x faster with the neighbour gone, 2.4x with its own relief;
-    a CPU-bound one 3.0x against 1.4x). Then findings that decide a label in label order
+    a CPU-bound one 6.7x against 4.3x). Then findings that decide a label in label order
     (:data:`~torchwatch.model.labels.LABELS`), then ``undetermined`` ones, then ``info``. Within a
     label, scope ``demand`` (the training's own demand beyond its CPUs: a quota it spends, more
     threads than CPUs) after the others: making the loop cheaper shrinks that wait too (measured:
