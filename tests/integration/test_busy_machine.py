@@ -107,8 +107,9 @@ def _remove_group(group: Path) -> None:
 
 def test_a_training_in_a_cpu_quota_below_its_threads_is_named_throttled(tmp_path: Path) -> None:
     """big_cpu_matmul runs one intra-op thread per CPU; in a container-like cgroup whose quota is
-    half a CPU per thread it is stopped in most periods: cpu-quota-throttled comes first and quotes
-    the quota."""
+    half a CPU per thread it is stopped in most periods: cpu-quota-throttled quotes the quota. It
+    comes after loop-cpu: the training's own work spends the quota, and its loop computes nearly
+    all the time the quota lets it run (measured: its own relief 8.8x, the quota lifted 2.3x)."""
     threads = len(os.sched_getaffinity(0))
     quota = max(0.5, threads / 2)
     group = _quota_group(quota)
@@ -130,8 +131,8 @@ def test_a_training_in_a_cpu_quota_below_its_threads_is_named_throttled(tmp_path
     assert out.exists(), proc.stderr[-2000:]
     report = json.loads(out.read_text())
     rules = [f["rule"] for f in report["findings"]]
-    assert rules[:1] == ["cpu-quota-throttled"], (rules, report["features"])
-    first = report["findings"][0]
+    assert rules == ["loop-cpu", "cpu-quota-throttled"], (rules, report["features"])
+    first = report["findings"][1]
     assert first["evidence"]["cpu_quota_cpus"] == pytest.approx(quota)
     assert first["evidence"]["cpu_throttled_periods_share"] >= 0.25
     assert f"({quota:g} CPUs)" in first["summary"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_diagnosis import RULES, features
+from torchwatch.analysis import diagnosis
 from torchwatch.analysis.diagnosis import Diagnoser, finding_order
 from torchwatch.analysis.features import compute
 from torchwatch.analysis.store import Window
@@ -356,6 +357,9 @@ def test_the_fixes_quote_the_users_threads_and_the_cpus_left() -> None:
     assert "PID 812 python (alice) 1.0 cores" in finding.summary
     details = " ".join(fx.detail for fx in finding.fixes)
     assert "torch.set_num_threads(1)" in details and "(OMP_NUM_THREADS unset)" in details
+    # others' few percent (torchwatch's neighbours on a quiet machine) take no CPU from the count
+    assert diagnosis.template_values(features(usable_cpus=2.0, foreign_cpu_cores=0.1))["suggested_threads"] == 2.0
+    assert diagnosis.template_values(features(usable_cpus=2.0, foreign_cpu_cores=0.6))["suggested_threads"] == 1.0
     # one thread already: nothing to lower, that fix is left out
     d = Diagnoser([rule])
     one = features(**_BUSY_NEIGHBOUR, intra_op_threads=1.0, local_ranks=1.0)

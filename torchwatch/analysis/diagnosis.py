@@ -109,14 +109,16 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
 
 def _suggested_threads(f: Features) -> float | None:
     """Intra-op threads per rank that fit the CPUs left to the training: the usable CPUs less what
-    other processes use (``foreign_cpu_cores``) and what the DataLoader workers use, shared by the
-    ranks, at least 1 (``None`` without usable_cpus). Within the quota, too: a quota of 1.5 CPUs
+    other processes use (``foreign_cpu_cores``, from half a core on) and what the DataLoader workers
+    use, shared by the ranks, at least 1 (``None`` without usable_cpus). Within the quota, too: a quota of 1.5 CPUs
     fits 1 thread. The fix quotes it for ``torch.set_num_threads`` / ``OMP_NUM_THREADS``."""
     cpus = f.get("usable_cpus")
     if not cpus:
         return None
-    left = cpus - (f.get("foreign_cpu_cores") or 0.0) - (f.get("workers_cpu_pct") or 0.0) / 100.0
-    return float(max(1, math.floor(left / max(1.0, f.get("local_ranks") or 1.0))))
+    foreign = f.get("foreign_cpu_cores") or 0.0
+    # less than half a core of others is below cpu-contention's line: noise, not a CPU taken
+    left = cpus - (foreign if foreign >= 0.5 else 0.0) - (f.get("workers_cpu_pct") or 0.0) / 100.0
+    return float(max(1, math.floor(left / max(1.0, f.get("local_ranks") or 1.0) + 1e-9)))
 
 
 def _memory_pressure(f: Features) -> str:
