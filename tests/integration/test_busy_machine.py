@@ -69,6 +69,14 @@ def test_a_training_beside_busy_processes_names_them_first_not_vectorize(tmp_pat
     assert "renice" in fixes
 
 
+def _others_hold_cpus(report: dict[str, object]) -> bool:
+    """The machine this test inherited is busy (other processes use >= half a core, cpu-contention's
+    line): then that load, not the condition the test made, is the cause torchwatch must name first."""
+    features = report["features"]
+    assert isinstance(features, dict)
+    return (features.get("foreign_cpu_cores") or 0.0) >= 0.5
+
+
 def _quota_group(cpus: float) -> Path | None:
     """A new cgroup with a CPU quota of ``cpus`` (v1 ``cpu`` controller or v2 ``cpu.max``), or
     ``None`` where this user cannot make one."""
@@ -131,6 +139,9 @@ def test_a_training_in_a_cpu_quota_below_its_threads_is_named_throttled(tmp_path
     assert out.exists(), proc.stderr[-2000:]
     report = json.loads(out.read_text())
     rules = [f["rule"] for f in report["findings"]]
+    if _others_hold_cpus(report):  # a busy machine: its neighbours take the CPU the quota would
+        assert rules[:1] == ["cpu-contention"], (rules, report["features"])
+        return
     assert rules == ["loop-cpu", "cpu-quota-throttled"], (rules, report["features"])
     first = report["findings"][1]
     assert first["evidence"]["cpu_quota_cpus"] == pytest.approx(quota)
@@ -156,6 +167,9 @@ def test_a_training_with_more_threads_than_cpus_is_named_oversubscribed(tmp_path
     )
     assert result.report is not None, result.stderr[-2000:]
     found = {f["rule"]: f for f in result.report["findings"]}
+    if _others_hold_cpus(result.report):  # a busy machine: the neighbours are named, not the threads
+        assert list(found)[:1] == ["cpu-contention"], (list(found), result.report["features"])
+        return
     assert "cpu-oversubscribed" in found, (list(found), result.report["features"])
     finding = found["cpu-oversubscribed"]
     assert finding["evidence"]["intra_op_threads"] == 4 * cpus
