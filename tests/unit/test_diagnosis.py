@@ -226,6 +226,23 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"storage_wait_share": 0.25, "main_disk_share": 0.25, "loop_cpu_share": 0.7},
         "storage_wait_share",
     ),
+    # torch.compile (the hook's CompileInfo): a recompile that took 1.5 s of a 10 s window
+    "compile-recompiles": (
+        {"compile_recompiles": 1.0, "compile_time_share": 0.15},
+        # two recompiles served from inductor's cache: 40 ms each, 0.8 % of the window
+        {"compile_recompiles": 2.0, "compile_time_share": 0.008},
+        "compile_recompiles",  # no hook, or nothing compiled
+    ),
+    "compile-graph-breaks": (
+        {"compile_graph_breaks_total": 1.0},
+        {"compile_graph_breaks_total": 0.0},
+        "compile_graph_breaks_total",
+    ),
+    "compile-cache-limit": (
+        {"compile_cache_limit_hits": 1.0},
+        {"compile_cache_limit_hits": 0.0},
+        "compile_cache_limit_hits",
+    ),
 }
 
 

@@ -25,7 +25,7 @@ from torchwatch.faces.prometheus import (
 from torchwatch.hook.wire import RankInfo
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.findings import Finding, Verdict
-from torchwatch.model.hang import HangView
+from torchwatch.model.hang import HangProcess, HangView
 from torchwatch.model.observation import (
     GpuRow,
     Observation,
@@ -152,7 +152,13 @@ def test_per_rank_step_wait_cpu_rss_in_base_units() -> None:
     assert value(got, "torchwatch_cpu_ratio", rank="0") == pytest.approx(0.95)
     assert value(got, "torchwatch_resident_memory_bytes", rank="1") == 3 << 29
     labels = next(ls for (n, ls) in got if n == "torchwatch_step_time_seconds" and ("rank", "1") in ls)
-    assert dict(labels) == {"rank": "1", "local_rank": "1", "training_job": JOB, "host": "node1", "pid": "202"}
+    assert dict(labels) == {"rank": "1", "local_rank": "1", "training_job": JOB, "host": "node1", "world_size": "2"}
+    # the quantities the cross-node straggler rule compares (torchwatch.analysis.ranks: arrive_ms)
+    assert value(got, "torchwatch_time_to_backward_seconds", rank="0") == pytest.approx(0.12)
+    assert value(got, "torchwatch_time_to_backward_seconds", rank="1") == pytest.approx(0.2)
+    assert value(got, "torchwatch_compute_seconds", rank="1") == pytest.approx(0.11)
+    assert value(got, "torchwatch_window_steps", rank="0") == 10
+    assert not [k for k in got if ("pid", "201") in k[1] or ("pid", "202") in k[1]]  # no PID label anywhere
 
 
 def test_verdict_is_a_labelled_gauge_with_the_top_finding() -> None:
@@ -161,6 +167,8 @@ def test_verdict_is_a_labelled_gauge_with_the_top_finding() -> None:
     assert value(got, "torchwatch_verdict_confidence", training_job=JOB) == pytest.approx(0.8)
     assert value(got, "torchwatch_rank_verdict", rank="0", label="undetermined", top_finding="rule-0") == 1
     assert value(got, "torchwatch_straggler_score", rank="1") == pytest.approx(0.4)
+    labels = next(ls for (n, ls) in got if n == "torchwatch_verdict")
+    assert {k for k, _ in labels} == {"training_job", "host", "label", "top_finding"}
 
 
 def test_hang_state_for_alerts() -> None:
@@ -168,15 +176,35 @@ def test_hang_state_for_alerts() -> None:
     assert value(calm, "torchwatch_hang", training_job=JOB) == 0
     assert value(calm, "torchwatch_hangs_total", training_job=JOB) == 0
     assert not [k for k in calm if k[0] == "torchwatch_stall_seconds"]
+    assert value(calm, "torchwatch_rank_hang", rank="0") == 0 and value(calm, "torchwatch_rank_hang", rank="1") == 0
     hang = HangView("hang", 202, 1, 5.0, "--hang-after", 40.0, 45.9, 5.9, 7.5, number=2)
     stuck = samples([dataclasses.replace(two_ranks(), hang=hang)])
     assert value(stuck, "torchwatch_hang", training_job=JOB) == 1
     assert value(stuck, "torchwatch_hangs_total", training_job=JOB) == 2
     assert value(stuck, "torchwatch_stall_seconds", rank="1", state="hang") == pytest.approx(7.5)
+    assert value(stuck, "torchwatch_rank_hang", rank="1", training_job=JOB) == 1  # its step clock ran out
+    assert value(stuck, "torchwatch_rank_hang", rank="0") == 0
     resumed = dataclasses.replace(hang, state="stall", resumed_s=52.0)
     after = samples([dataclasses.replace(two_ranks(), hang=resumed)])
     assert value(after, "torchwatch_hang", training_job=JOB) == 0
     assert value(after, "torchwatch_stall_seconds", rank="1", state="stall") == pytest.approx(7.5)
+    assert value(after, "torchwatch_rank_hang", rank="1") == 0
+
+
+def test_rank_hang_state_names_the_rank_not_waiting_on_its_peers() -> None:
+    rows = (
+        HangProcess(201, "rank", 0, None, "backward"),
+        HangProcess(202, "rank", 1, None, "elsewhere", top_frame="wait_for_token (x.py:3)"),
+        HangProcess(250, "worker", None, 202, "idle"),
+    )
+    hang = HangView("hang", 201, 0, 5.0, "--hang-after", 40.0, 45.9, 5.9, 7.5, processes=rows)
+    got = samples([dataclasses.replace(two_ranks(), hang=hang)])
+    assert value(got, "torchwatch_rank_hang_state", rank="1", state="elsewhere") == 1
+    assert value(got, "torchwatch_rank_hang_state", rank="0", state="backward") == 1
+    assert len([k for k in got if k[0] == "torchwatch_rank_hang_state"]) == 2  # a worker is no rank
+    assert value(got, "torchwatch_rank_hang", rank="0") == 1
+    resumed = samples([dataclasses.replace(two_ranks(), hang=dataclasses.replace(hang, state="stall"))])
+    assert not [k for k in resumed if k[0] == "torchwatch_rank_hang_state"]  # only while it hangs
 
 
 def test_gpus_with_gpm_only_when_read() -> None:
@@ -186,6 +214,16 @@ def test_gpus_with_gpm_only_when_read() -> None:
     assert value(got, "torchwatch_gpu_memory_used_bytes", gpu="1") == 10 << 30
     assert value(got, "torchwatch_gpu_sm_active_ratio", gpu="0") == pytest.approx(0.45)
     assert not [k for k in got if k[0] == "torchwatch_gpu_sm_active_ratio" and ("gpu", "1") in k[1]]
+
+
+def test_gpus_also_under_the_opentelemetry_hardware_names() -> None:
+    got = samples([two_ranks()])
+    otel = {"hw_id": "GPU-0001", "hw_name": "NVIDIA H100", "hw_type": "gpu", "host": "node1"}
+    assert value(got, "hw_gpu_utilization_ratio", hw_gpu_task="general", **otel) == pytest.approx(0.97)
+    assert value(got, "hw_gpu_memory_usage_bytes", **otel) == 10 << 30
+    assert value(got, "hw_gpu_memory_limit_bytes", **otel) == 80 << 30
+    assert value(got, "hw_gpu_memory_utilization_ratio", **otel) == pytest.approx(0.125)
+    assert value(got, "hw_power_watts", **otel) == 350.0
 
 
 def test_features_named_from_the_catalogue_unmeasured_absent() -> None:
@@ -235,7 +273,10 @@ def test_one_process_without_readings_uses_the_hook_step_times() -> None:
         processes=(ProcessRow(300, "main", "python", 40.0, 1 << 20, None, "R1", 1),),
     )
     got = samples([obs])
-    assert value(got, "torchwatch_step_time_seconds", rank="0", training_job="", local_rank="") == pytest.approx(0.05)
+    # no job identity: the training's own key, world size 1
+    labels = {"rank": "0", "training_job": "pid:300", "local_rank": "", "world_size": "1"}
+    assert value(got, "torchwatch_step_time_seconds", **labels) == pytest.approx(0.05)
+    assert value(got, "torchwatch_hang", training_job="pid:300") == 0
     assert value(got, "torchwatch_cpu_ratio", rank="0") == pytest.approx(0.4)
     assert not [k for k in got if k[0] == "torchwatch_verdict"]  # no analysis yet: no verdict
 
@@ -271,7 +312,10 @@ def test_server_serves_metrics_and_stops() -> None:
     server = MetricsServer(ObservationCollector(lambda: [two_ranks()], "node1"), "127.0.0.1", port)
     try:
         body = urllib.request.urlopen(server.url, timeout=5).read().decode()
-        assert 'torchwatch_step_time_seconds{host="node1",local_rank="1",pid="202",rank="1"' in body
+        want = (
+            f'torchwatch_step_time_seconds{{host="node1",local_rank="1",rank="1",training_job="{JOB}",world_size="2"}}'
+        )
+        assert want in body, body[:2000]
     finally:
         server.stop()
     with socket.socket() as s:  # nothing listens there any more (the scrape's TIME_WAIT aside)
@@ -303,3 +347,29 @@ def test_a_rank_watched_alone_keeps_its_own_rank() -> None:
     )
     got = samples([Observation(t=1.0, elapsed_s=5.0, window_s=10.0, target=TargetView(400), ranks={0: view})])
     assert value(got, "torchwatch_step_time_seconds", rank="3", local_rank="1") == pytest.approx(0.08)
+
+
+def test_a_rank_that_stopped_stepping_keeps_its_labels_in_the_hang_state() -> None:
+    """Ranks without steps in the window leave the Observation's ranks; the hang that names them
+    still carries the labels they were exported with (held by the collector, one scrape to the next)."""
+    current = [two_ranks()]
+    collector = ObservationCollector(lambda: list(current), "node1")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    generate_latest(registry)  # both ranks stepping: their labels are seen
+    rows = (HangProcess(201, "rank", 0, None, "backward"), HangProcess(202, "rank", 1, None, "elsewhere"))
+    hang = HangView("hang", 202, 1, 5.0, "--hang-after", 40.0, 45.9, 5.9, 7.5, processes=rows)
+    only_focus = {0: dataclasses.replace(two_ranks().ranks[0], reading=None)}
+    current[:] = [dataclasses.replace(two_ranks(), ranks=only_focus, hang=hang)]
+    got: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            got[(s.name, frozenset(s.labels.items()))] = s.value
+    full = {"training_job": JOB, "host": "node1", "rank": "1", "local_rank": "1", "world_size": "2"}
+    assert value(got, "torchwatch_rank_hang_state", state="elsewhere", **full) == 1
+    assert value(got, "torchwatch_rank_hang", **full) == 1  # its clock ran out, though it left the ranks
+    assert value(got, "torchwatch_stall_seconds", state="hang", **full) == pytest.approx(7.5)
+    assert value(got, "torchwatch_rank_hang", rank="0") == 0
+    current[:] = []
+    generate_latest(registry)
+    assert collector._seen == {}  # a training no longer watched leaves nothing behind

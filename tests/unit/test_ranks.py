@@ -252,3 +252,32 @@ def test_counters_of_another_version_are_refused_with_a_reason(tmp_path: Path) -
             _read(fd)
     finally:
         os.close(fd)
+
+
+# -- the job key shared across nodes (issue 31) -------------------------------------------------
+@pytest.mark.parametrize(
+    ("environ", "key"),
+    [
+        ({"TORCHWATCH_JOB": "train-llm", "TORCHELASTIC_RUN_ID": "abc", "MASTER_ADDR": "n1"}, "train-llm"),
+        ({"TORCHELASTIC_RUN_ID": "abc", "MASTER_ADDR": "n1", "MASTER_PORT": "1", "SLURM_JOB_ID": "7"}, "abc"),
+        ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "n1", "MASTER_PORT": "29500"}, "n1:29500"),
+        ({"MASTER_ADDR": "n1", "MASTER_PORT": "29500", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "n1:29500"),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2"}, "slurm:7.2"),
+        ({"SLURM_JOB_ID": "7"}, "slurm:7"),
+        ({"SLURM_JOB_ID": "x7"}, None),
+        ({}, None),
+    ],
+)
+def test_the_job_key_is_the_first_the_launcher_set(environ: dict[str, str], key: str | None) -> None:
+    assert ranks.job_from_env(environ) == key
+
+
+def test_a_loopback_rendezvous_is_qualified_by_the_node() -> None:
+    """Two single-node jobs on two nodes, both on 127.0.0.1:29500, are not one job."""
+    import socket
+
+    for addr in ("127.0.0.1", "localhost", "::1"):
+        key = ranks.job_from_env({"MASTER_ADDR": addr, "MASTER_PORT": "29500"})
+        assert key == f"{socket.gethostname()}/{addr}:29500"
+    info = ranks.Identity().info(environ={"RANK": "0", "TORCHWATCH_JOB": "j\x1b[31m"})
+    assert info is not None and info.job == "j[31m" and info.source("job") == "env"  # no control characters

@@ -274,3 +274,14 @@ def test_bytes_spec_fills_with_binary_units_and_n_a() -> None:
             'summary = "{rss_bytes:byte}"\n',
             "b.toml",
         )
+
+
+def test_a_source_tree_that_was_not_installed_finds_the_shipped_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchwatch.analysis import rules_engine
+
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(rules_engine.resources, "files", missing)
+    found = rules_engine.builtin_dir()
+    assert found.name == "rules" and (found / "loop-cpu.toml").is_file(), found

@@ -117,3 +117,46 @@ def test_serve_exports_and_sigterm_stops_it_cleanly() -> None:
     assert "torchwatch serve: stopped" in err and "Traceback" not in err
     with socket.socket() as s:  # the port is closed
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_launcher_in_its_rendezvous_is_watched_once_it_starts_a_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    """A torchrun agent found before it starts its ranks (a multi-node rendezvous takes minutes)
+    is looked at again every scan, not refused for good: watched once a rank runs below it."""
+    script = (
+        "import subprocess, sys, time; sys.stdin.readline()\n"
+        "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(rank.pid, flush=True); time.sleep(60)\n"
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-c", script, "torch.distributed.run"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    fleet = Fleet([], window_s=10.0)
+    rank = None
+    try:
+        when = psutil.Process(agent.pid).create_time()
+        assert fleet.update({agent.pid: when}) == ([], [])
+        assert fleet.update({agent.pid: when}) == ([], [])
+        err = capsys.readouterr().err
+        assert err.count("launcher with no rank yet") == 1 and "not watching" not in err
+        assert agent.stdin is not None and agent.stdout is not None
+        agent.stdin.write("go\n")
+        agent.stdin.flush()
+        rank = int(agent.stdout.readline())
+        assert fleet.update({agent.pid: when}) == ([agent.pid], [])
+    finally:
+        fleet.stop()
+        if rank is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+        agent.kill()
+        agent.wait()
+
+
+def test_the_host_label_is_the_node_name_when_given() -> None:
+    from torchwatch.cli.serve import node_name
+
+    assert node_name({"TORCHWATCH_NODE_NAME": "gpu-node-7"}) == "gpu-node-7"
+    assert node_name({}) == socket.gethostname()

@@ -217,6 +217,44 @@ def test_with_hook_b_requests_a_burst_and_shows_the_last_one() -> None:
     run(session, check)
 
 
+def test_t_tries_the_highlighted_finding_s_live_fix_and_says_what_it_bought() -> None:
+    session = recorded_session(hooked=True)
+    # the recording's machine is full (no more workers suggested): give its second finding a live fix
+    first, second = session.analysis.findings[:2]
+    fix = dataclasses.replace(second.fixes[0], trial="num_workers=3")
+    session.analysis.findings[1] = dataclasses.replace(second, fixes=(fix, *second.fixes[1:]))
+    assert not any(fx.trial for fx in first.fixes)
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app.observation is not None
+        findings = app.observation.findings
+        live = [i for i, f in enumerate(findings) if any(fx.trial for fx in f.fixes)]
+        assert live == [1], [f.rule for f in findings]
+        dead = [i for i in range(len(findings)) if i not in live]
+        if dead:  # a finding with no live fix: t says why
+            app.query_one(FindingsList).highlighted = dead[0]
+            await pilot.pause()
+            assert app.check_action("trial", ()) is None
+            await pilot.press("t")
+            await pilot.pause()
+            assert any("can be tried live" in n.message for n in app._notifications)
+        app.query_one(FindingsList).highlighted = live[0]
+        await pilot.pause()
+        fix = next(fx for fx in findings[live[0]].fixes if fx.trial)
+        assert app.check_action("trial", ()) is True
+        shown = " ".join(plain(app.query_one(FindingsList).get_option_at_index(live[0]).prompt, 400).split())
+        assert f"[t: try {fix.trial} live]" in shown
+        await pilot.press("t")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert session.trials == [fix.trial]
+        assert any("1.50x faster steps" in n.message for n in app._notifications), [
+            n.message for n in app._notifications
+        ]
+
+    run(session, check)
+
+
 def test_nvml_available_shows_a_card_per_gpu() -> None:
     async def check(app: WatchApp, pilot: Any) -> None:
         assert app.query_one(TabbedContent).active == "gpu"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from torchwatch.analysis import features as feats
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.analysis.store import Store
+from torchwatch.hook import trialspec as ts
 from torchwatch.hook import wire
 from torchwatch.model.observation import Observation, SamplingView, SelfUsage, VerdictChange
 from torchwatch.model.readings import (
@@ -33,6 +35,7 @@ from torchwatch.model.readings import (
     ThreadSample,
     Wait,
 )
+from torchwatch.model.trials import Outcome, Plan
 from torchwatch.sources.pyspy import parse_raw
 from torchwatch.watch.observe import NO_HOOK, Tick, Trends, observe, target_view
 
@@ -253,6 +256,7 @@ class RecordedWatch:
     history: tuple[VerdictChange, ...] = (VerdictChange(2.0, "undetermined"), VerdictChange(8.0, "dataloader-bound"))
     trends: Trends = field(default_factory=Trends)
     burst_requests: int = 0
+    trials: list[str] = field(default_factory=list)
     now: float = NOW
     sampling: SamplingView = field(default_factory=SamplingView)
     wakes: list[str] = field(default_factory=list)
@@ -284,6 +288,15 @@ class RecordedWatch:
     def request_burst(self) -> tuple[bool, str]:
         self.burst_requests += 1
         return True, "burst requested: SIGUSR2 sent to PID 4236"
+
+    def try_setting(self, assignment: str, stopped: Callable[[], int | None]) -> Outcome:
+        """As the session does, without a training: a trial whose "on" blocks are 1.5x faster."""
+        self.trials.append(assignment)
+        name, _, value = assignment.partition("=")
+        blocks = tuple(ts.TrialBlock(ts.is_on(i), 10 * i, 8, 2, 0.2 if ts.is_on(i) else 0.3, 0.2) for i in range(6))
+        state = ts.TrialState(1, name, value, "done", old="0", reason="decided", blocks=blocks,
+                              estimate=ts.estimate(blocks), restored=True, now_value="0")  # fmt: skip
+        return Outcome(Plan(ts.TrialRequest(1, name, value), 0.25), states={4236: state})
 
 
 def recorded_session(gpus: bool = False, hooked: bool = False) -> RecordedWatch:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchwatch.analysis import expr
-from torchwatch.analysis.features import MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
+from torchwatch.analysis.features import COMPILE_TEXTS, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
 from torchwatch.analysis.rules_engine import Rule, fill
 from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
@@ -85,6 +85,8 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
     values: dict[str, Any] = dict(features)
     for name in ("optimizer_state", "alloc_conf_state", "thread_env"):
         values[name] = (texts or {}).get(name, "unknown (not read by the hook)")
+    for name, unread in COMPILE_TEXTS.items():
+        values[name] = (texts or {}).get(name, unread)
     values["cpu_neighbours"] = (texts or {}).get(
         "cpu_neighbours", "no process torchwatch can see (another container's, or interrupts)"
     )
@@ -238,7 +240,8 @@ class Diagnoser:
                         continue
                 except expr.Missing:
                     continue
-            fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values)))
+            trial = _trial(fx.trial, values) if fx.trial else None
+            fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values), trial))
         evidence = {name: values.get(name) for name in rule.evidence}
         return Finding(
             rule.id,
@@ -323,3 +326,16 @@ def finding_order(f: Finding) -> tuple[int, int, int, float, bool]:
     if f.scope == "machine" and tier == 0:
         return (0, -1, 0, -(f.measure or 0.0), f.severity != "critical")
     return (tier, _PRIORITY[f.label], 1 if f.scope == "demand" else 0, -(f.measure or 0.0), f.severity != "critical")
+
+
+def _trial(template: str, values: Mapping[str, Any]) -> str | None:
+    """A fix's ``trial`` filled in, when it is a setting and value a live trial takes (a missing
+    reading leaves the fix without one)."""
+    from torchwatch.hook.trialspec import parse_assignment
+
+    text = fill(template, values)
+    try:
+        parse_assignment(text)
+    except ValueError:
+        return None
+    return text

@@ -13,6 +13,7 @@ waits are counted against the time the stacks show in the DataLoader first (see
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -20,8 +21,9 @@ from typing import Any
 
 from torchwatch.analysis import stacks
 from torchwatch.analysis.store import Window
-from torchwatch.hook.wire import GpuSettings, HookRecord, RankStep
+from torchwatch.hook.wire import CompileEvent, CompileInfo, GpuSettings, HookRecord, RankStep
 from torchwatch.model.observation import FeatureSpec
+from torchwatch.model.peaks import flop_rate
 from torchwatch.model.readings import GpuSample, HookState, Role, ThreadSample, Wait
 
 MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
@@ -330,6 +332,50 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ),
     ("burst_pageable_h2d_bytes_per_step", "bytes", "burst", "last burst: bytes copied from pageable memory per step"),
     ("burst_pageable_h2d_share", "share", "burst", "last burst: step time the device spends on those pageable copies"),
+    (
+        "compile_recompiles",
+        "count",
+        "hook",
+        "torch.compile recompiles in the window (a guard failed: a shape, a value or a flag changed)",
+    ),
+    ("compile_recompiles_total", "count", "hook", "torch.compile recompiles since the training started"),
+    (
+        "compile_time_share",
+        "share",
+        "hook",
+        "loop time spent compiling in the window (torch's compilation metrics, forward and backward graphs)",
+    ),
+    ("compile_total_s", "s", "hook", "seconds torch.compile spent compiling since the training started"),
+    (
+        "compile_graph_breaks_total",
+        "count",
+        "hook",
+        "graph breaks torch.compile met: each splits a compiled function, the code between runs eagerly every step",
+    ),
+    (
+        "compile_cache_limit_hits",
+        "count",
+        "hook",
+        "compiled functions that hit the recompile limit: torch runs them eagerly from then on",
+    ),
+    ("compile_recompile_limit", "count", "hook", "torch._dynamo.config.recompile_limit as set"),
+    ("compile_recompile_shape", "flag", "hook", "the last recompile came from a tensor's shape or strides (1 = yes)"),
+    ("compiling_step_p50_ms", "ms", "hook", "median time of the window's steps during which torch compiled"),
+    ("compiled_step_p50_ms", "ms", "hook", "median time of the window's steps during which nothing compiled"),
+    (
+        "burst_flops_per_step",
+        "count",
+        "burst",
+        "last burst: the model's FLOPs in one step (matmuls, convolutions, attention; forward and backward)",
+    ),
+    ("achieved_tflop_per_s", "TFLOP/s", "hook+burst", "the last burst's FLOPs per step / the median step time"),
+    (
+        "peak_tflop_per_s",
+        "TFLOP/s",
+        "burst",
+        "the device's dense peak for the step's math (data sheet); on a CPU, measured by a matmul in the training",
+    ),
+    ("mfu", "share", "hook+burst", "model FLOPs utilisation: achieved / peak FLOP/s"),
 )
 
 Features = dict[str, "float | None"]
@@ -965,6 +1011,106 @@ def _gpu_setting_features(settings: GpuSettings | None) -> Features:
     }
 
 
+def _overlap(t0: float, t1: float, spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds of ``[t0, t1]`` covered by ``spans`` (compile intervals do not overlap: one thread)."""
+    return sum(max(0.0, min(t1, b) - max(t0, a)) for a, b in spans)
+
+
+def _compile_features(window: Window, main_pid: int | None) -> Features:
+    """What torch.compile did, from the hook's :class:`~torchwatch.hook.wire.CompileInfo`.
+
+    Recompiles in the window are the growth of the hook's count from the window's first reading
+    (the last one before the window when :func:`loop_window` kept it) to its last. A step is a
+    compiling step when a compile interval of the hook's overlaps it (step ``[end - duration,
+    end]``); the rest are compiled steps. Counts of graph breaks and limit hits are totals: both
+    last as long as the compiled code does."""
+    reads = [h for h in window.hook if (main_pid is None or h.pid == main_pid) and h.record is not None]
+    infos = [h.record.compile if h.record is not None else None for h in reads]
+    last = infos[-1] if infos else None
+    if last is None:
+        return {}
+    first = infos[0]
+    span = window.end - window.start
+    compiling = _overlap(window.start, window.end, last.spans)
+    steps = [e for h in reads for e in h.new_steps if window.start <= e[0] <= window.end]
+    hot = [e[1] * 1000.0 for e in steps if _overlap(e[0] - e[1], e[0], last.spans) > 0]
+    cold = [e[1] * 1000.0 for e in steps if _overlap(e[0] - e[1], e[0], last.spans) <= 0]
+    recompiles = [e for e in last.events if e.kind == "recompile"]
+    return {
+        "compile_recompiles": float(max(0, last.recompiles - (first.recompiles if first is not None else 0))),
+        "compile_recompiles_total": float(last.recompiles),
+        "compile_time_share": min(1.0, compiling / span) if span > 0 else None,
+        "compile_total_s": last.compile_s,
+        "compile_graph_breaks_total": float(last.graph_breaks),
+        "compile_cache_limit_hits": float(last.cache_limit_hits),
+        "compile_recompile_limit": _num(last.recompile_limit),
+        "compile_recompile_shape": float(recompiles[-1].cause in ("shape", "stride")) if recompiles else None,
+        "compiling_step_p50_ms": statistics.median(hot) if hot else None,
+        "compiled_step_p50_ms": statistics.median(cold) if cold else None,
+    }
+
+
+def _flop_features(window: Window, main_pid: int | None, f: Features) -> Features:
+    """FLOP/s and MFU from the last burst's FLOP count (:func:`torchwatch.model.peaks.flop_rate`)
+    over the window's median step time."""
+    reads = [h for h in window.hook if (main_pid is None or h.pid == main_pid) and h.record is not None]
+    rec = reads[-1].record if reads else None
+    last = rec.burst.last if rec is not None and rec.burst is not None else None
+    tf32 = f.get("tf32_matmul")
+    rate = flop_rate(last, f.get("step_time_p50_ms"), None if tf32 is None else bool(tf32))
+    if rate is None:
+        return {"burst_flops_per_step": None if last is None else last.flops_per_step}
+    return {
+        "burst_flops_per_step": rate.flops_per_step,
+        "achieved_tflop_per_s": rate.achieved_flops_per_s / 1e12,
+        "peak_tflop_per_s": None if rate.peak is None else rate.peak.flops_per_s / 1e12,
+        "mfu": rate.mfu,
+    }
+
+
+COMPILE_TEXTS = {
+    "compile_recompile_words": "its reason not read",
+    "compile_mark_dynamic": "torch._dynamo.mark_dynamic(tensor, dim)",
+    "compile_break_words": "its reason not read",
+    "compile_break_hint": "none",
+    "compile_limit_words": "hit the recompile limit",
+}
+"""The texts of torch.compile events that rule templates quote (:func:`compile_texts`), and what
+each reads when the hook has not published one."""
+
+
+def event_text(event: CompileEvent) -> str:
+    """An event in words with its place: ``shape of x changed 32→17 (dim 0) at train.py:88
+    (`out = model(x)`)``."""
+    where = event.where
+    text = event.words + (f" at {where}" if where else "")
+    return text + (f" (`{event.code}`)" if event.code else "")
+
+
+def compile_texts(info: CompileInfo) -> dict[str, str]:
+    """The latest recompile, graph break and recompile-limit hit in words (:data:`COMPILE_TEXTS`),
+    each only when there is one; ``compile_mark_dynamic`` is the call that marks the changing
+    dimension dynamic (``torch._dynamo.mark_dynamic(x, 0)``) for a shape recompile."""
+    out: dict[str, str] = {}
+    latest: dict[str, CompileEvent] = {}
+    for e in sorted(info.events, key=lambda e: e.t):
+        latest[e.kind] = e
+    rec = latest.get("recompile")
+    if rec is not None:
+        out["compile_recompile_words"] = event_text(rec)
+        m = re.match(r"^shape of (.+?) changed.*\(dim (-?\d+)\)$", rec.words)
+        if m is not None:
+            out["compile_mark_dynamic"] = f"torch._dynamo.mark_dynamic({m.group(1)}, {m.group(2)})"
+    brk = latest.get("graph_break")
+    if brk is not None:
+        out["compile_break_words"] = event_text(brk)
+        out["compile_break_hint"] = brk.hint or "none"
+    hit = latest.get("cache_limit")
+    if hit is not None:
+        out["compile_limit_words"] = event_text(hit)
+    return out
+
+
 def texts(window: Window, main_pid: int | None) -> dict[str, str]:
     """Settings fix templates quote verbatim, as the training's hook read them (none: no hook).
 
@@ -973,7 +1119,8 @@ def texts(window: Window, main_pid: int | None) -> dict[str, str]:
         ``alloc_conf_state`` (``PYTORCH_CUDA_ALLOC_CONF='...'`` or ``PYTORCH_CUDA_ALLOC_CONF is not set``),
         ``thread_env`` (``OMP_NUM_THREADS=8`` or ``OMP_NUM_THREADS unset``), each only when read, and
         ``cpu_neighbours`` (``PID 812 python (alice) 1.0 cores, ...``: the largest CPU users outside
-        the training and torchwatch in the window's last scan that saw any), only when there are.
+        the training and torchwatch in the window's last scan that saw any), only when there are,
+        and the torch.compile events in words (:func:`compile_texts`), once something compiled.
     """
     out: dict[str, str] = {}
     neighbours = next((s.neighbours for s in reversed(window.system) if s.neighbours), ())
@@ -988,6 +1135,8 @@ def texts(window: Window, main_pid: int | None) -> dict[str, str]:
             if threads.omp_num_threads is not None
             else "OMP_NUM_THREADS unset"
         )
+    if record is not None and record.compile is not None:
+        out.update(compile_texts(record.compile))
     settings = record.gpu_settings if record is not None else None
     if settings is None:
         return out
@@ -1111,6 +1260,8 @@ def compute(window: Window, main_pid: int | None) -> Features:
     f: Features = {}
     f.update(_stack_features(window, main_pid))
     f.update(_hook_features(window, main_pid))
+    f.update(_compile_features(window, main_pid))
+    f.update(_flop_features(window, main_pid, f))
     f.update(_prefer_measured_wait(f))
     f.update(_thread_features(window, main_pid))
     f.update(_collective_wait(window, main_pid, f))

@@ -61,11 +61,17 @@ TEMPLATE_VALUES = {
     "thread_env": "text: 'OMP_NUM_THREADS=8' or 'OMP_NUM_THREADS unset', as the training's hook read it",
     "cpu_neighbours": "text: the largest CPU users outside the training, e.g. 'PID 812 python (alice) 1.0 cores'",
     "suggested_threads": "intra-op threads per rank that fit the CPUs left: (usable - foreign - workers) / ranks, >= 1",
+    "compile_recompile_words": "text: the last torch.compile recompile in words, e.g. 'shape of x changed 32→17 "
+    "(dim 0) at train.py:88 (`out = model(x)`)'",
+    "compile_mark_dynamic": "text: the call that marks that dimension dynamic, e.g. 'torch._dynamo.mark_dynamic(x, 0)'",
+    "compile_break_words": "text: the last graph break in words, with its file:line and source line",
+    "compile_break_hint": "text: torch's own hint for that graph break ('none' when it gives none)",
+    "compile_limit_words": "text: the last recompile-limit hit in words, with the last recompile's reason",
 }
 _KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes", "scope"}
 SCOPES = ("loop", "machine", "demand")
 """Where a finding's cause lies, which sets its place among the findings (``diagnosis.finding_order``)."""
-_FIX_KEYS = {"title", "detail", "when"}
+_FIX_KEYS = {"title", "detail", "when", "trial"}
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _MAX_FILE_BYTES = 64 * 1024
 
@@ -77,6 +83,7 @@ class FixTemplate:
     title: str
     detail: str
     when: expr.Expression | None
+    trial: str | None = None  # "SETTING=VALUE" template: the fix can be tried live (torchwatch trial)
 
 
 @dataclass(frozen=True)
@@ -237,7 +244,14 @@ def parse_rule(text: str, path: str) -> Rule:
         cond = (
             expression("when", fx["when"], 1 + sum(1 for f in fixes_raw[:i] if "when" in f)) if "when" in fx else None
         )
-        fixes.append(FixTemplate(title, detail, cond))
+        trial = None
+        if "trial" in fx:
+            try:
+                trial = _check_trial(fx["trial"], f"fix #{i + 1} trial")
+            except ValueError as exc:
+                nth = sum(1 for f in fixes_raw[:i] if isinstance(f, dict) and "trial" in f)
+                raise fail("trial", str(exc), nth) from None
+        fixes.append(FixTemplate(title, detail, cond, trial))
     return Rule(
         id=data["id"],
         label=data["label"],
@@ -252,6 +266,25 @@ def parse_rule(text: str, path: str) -> Rule:
         path=path,
         scope=scope,
     )
+
+
+def _check_trial(value: object, where: str) -> str:
+    """A fix's ``trial``: ``SETTING={template}`` naming a setting a live trial may change
+    (:data:`torchwatch.hook.trialspec.SETTINGS`, not one it refuses).
+
+    Raises:
+        ValueError: not a string, no ``=``, an unknown or refused setting, a bad template.
+    """
+    from torchwatch.hook.trialspec import find_setting
+
+    text = _check_template(value, where)
+    name, sep, rest = text.partition("=")
+    setting = find_setting(name)
+    if not sep or not rest:
+        raise ValueError(f"{where} must be SETTING=VALUE, e.g. threads={{suggested_threads:.0f}}")
+    if setting is None or setting.refused is not None:
+        raise ValueError(f"{where}: {name!r} is not a setting a live trial changes")
+    return text
 
 
 def load_file(path: Path) -> Rule:
@@ -335,8 +368,8 @@ def builtin_dir() -> Path:
     """The shipped ``rules/`` directory (installed as the package ``torchwatch.rules``)."""
     try:
         return Path(str(resources.files("torchwatch.rules")))
-    except ModuleNotFoundError:  # running from a source tree that was not installed
-        return Path(__file__).resolve().parent.parent / "rules"
+    except ModuleNotFoundError:  # running from a source tree that was not installed: <repo>/rules
+        return Path(__file__).resolve().parents[2] / "rules"
 
 
 def load_rules(extra_dirs: Iterable[Path] = ()) -> list[Rule]:

@@ -34,11 +34,15 @@ ENVIRONMENT = {
     "TORCHWATCH_BURST_AT": "optimizer steps at which the hook runs a burst by itself (set by --burst-at)",
     "TORCHWATCH_BURST_COOLDOWN_S": "seconds the hook refuses a new burst after one (default 5)",
     "TORCHWATCH_TRACE_DIR": "where burst traces are written (default ~/.cache/torchwatch/traces)",
+    "TORCHWATCH_FLOPS": "'0': bursts count no FLOPs in their warmup step (no FLOP/s, no MFU)",
     "TORCHWATCH_HOOK": "'1' makes the hook's sitecustomize install the hook (set by run)",
     "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package, for an interpreter "
     "without it installed (set by run)",
     "TORCHWATCH_SPAWNED_RANK": "set by the hook around torch.multiprocessing.spawn: the processes it "
     "starts are ranks and get the hook (their DataLoader workers do not); not for users",
+    "TORCHWATCH_JOB": "the job key every rank of the job shares on every node (the training_job label); "
+    "wins over TORCHELASTIC_RUN_ID, MASTER_ADDR:MASTER_PORT and SLURM_JOB_ID (docs/fleet.md)",
+    "TORCHWATCH_NODE_NAME": "serve: the host label (default the hostname; in a Kubernetes pod, the node's name)",
 }
 
 EXIT_STATUS = (
@@ -323,6 +327,34 @@ def build_parser() -> argparse.ArgumentParser:
     burst.add_argument("--wait", type=_duration, default=60.0, metavar="SECONDS", help="give up after SECONDS")
     burst.add_argument("--json", metavar="PATH", help="also write the summary as JSON ('-' for stdout)")
     _logging_options(burst, top=False)
+    trial = sub.add_parser(
+        "trial",
+        help="try a setting on a running training, live, and measure what it buys",
+        description="Switch SETTING to VALUE in the hooked training PID (every rank of its job) for a block of "
+        "steps, back for the next (on, off, off, on, ...), until the speed-up's 95 %% interval is within +-5 %% "
+        "or --max-s passes; then put the training's value back (or keep it with --keep when faster). "
+        "Settings: " + ", ".join(s.name for s in _trial_settings() if s.refused is None) + ". "
+        "DataLoader settings alternate whole epochs. TF32 and matmul precision change numerics: only with "
+        "--allow-numerics.",
+        epilog=epilog(),
+        formatter_class=fmt,
+    )
+    trial.add_argument("pid", metavar="PID", help="PID of the training (a rank or the launcher of a job)")
+    trial.add_argument("assignment", metavar="SETTING=VALUE", help="e.g. threads=2, num_workers=4, gc_freeze=1")
+    trial.add_argument("--steps", type=int, default=None, metavar="N", help="steps per block (default: about 2 s)")
+    trial.add_argument(
+        "--max-s", type=float, default=60.0, metavar="SECONDS", help="end the trial after this long (5-600, default 60)"
+    )
+    trial.add_argument(
+        "--keep", action="store_true", help="keep the new value at the end when the trial found it faster"
+    )
+    trial.add_argument(
+        "--allow-numerics",
+        action="store_true",
+        help="allow settings that change the arithmetic's precision (tf32, matmul_precision)",
+    )
+    trial.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-' for stdout)")
+    _logging_options(trial, top=False)
     rules = sub.add_parser("rules", help="check or list diagnosis rules")
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser, required=True)
     check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
@@ -406,6 +438,13 @@ def _add_serve(sub: Any) -> None:
         default=MAX_PER_USER,
         metavar="N",
         help=f"watch at most N trainings of one user at once (default {MAX_PER_USER})",
+    )
+    serve.add_argument(
+        "--hang-after",
+        type=_positive("--hang-after"),
+        metavar="SECONDS",
+        help="a process that stepped and then makes no step for SECONDS is hung (default: max(30 s, 20 x its "
+        "p95 step time)); torchwatch_rank_hang and the hang alert read it",
     )
     _logging_options(serve, top=False)
 
@@ -536,6 +575,12 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _trial_settings() -> tuple[Any, ...]:
+    from torchwatch.hook.trialspec import SETTINGS
+
+    return SETTINGS
+
+
 def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
@@ -577,11 +622,26 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
                     rules_dirs=args.rules,
                     max_trainings=args.max_trainings,
                     max_per_user=args.max_per_user,
+                    hang_after=args.hang_after,
                 )
         elif args.command == "detach":
             from torchwatch.cli.injecting import detach_command
 
             code = detach_command(args.pid)
+        elif args.command == "trial":
+            from torchwatch.cli.trial import trial_command
+
+            with stops:
+                code = trial_command(
+                    args.pid,
+                    args.assignment,
+                    steps=args.steps,
+                    max_s=args.max_s,
+                    keep=args.keep,
+                    allow_numerics=args.allow_numerics,
+                    json_path=args.json,
+                    stopped=lambda: stops.first,
+                )
         elif args.command == "burst":
             from torchwatch.cli.burst import burst_command
 

@@ -69,18 +69,28 @@ def burst_command(pid_text: str, steps: int, wait_s: float, json_path: str | Non
     print(f"torchwatch: {message}; waiting for the summary", file=sys.stderr)
     with progress(pid, wait_s) as on_wait:
         result = wait_for_burst(reader, previous, wait_s, refused_before, on_wait=on_wait)
-    text = "\n".join(burst_lines(result))
-    summary = json.dumps(result.to_json(), indent=2)
+    emit_result("\n".join(burst_lines(result)), result.to_json(), json_path, pid, "burst")
+    return 1 if result.error else 0
+
+
+def emit_result(text: str, data: dict[str, object], json_path: str | None, pid: int, kind: str) -> None:
+    """Print a command's result: ``text`` on stdout and, with ``--json``, ``data`` as JSON to the
+    path (``torchwatch-KIND-PID-TIME.json`` in a directory), or with ``--json -`` the JSON on
+    stdout and the text on stderr.
+
+    Raises:
+        TorchwatchError: the JSON file cannot be written.
+    """
+    summary = json.dumps(data, indent=2)
     if json_path == "-":
         print(text, file=sys.stderr)
         print(summary)
-    else:
-        print(text)
-        if json_path:
-            try:
-                report.write_atomic(report.json_target(json_path, pid, "burst"), summary + "\n")
-            except OSError as exc:
-                raise TorchwatchError(
-                    f"cannot write {json_path}: {exc.strerror or exc}", "give --json a writable path"
-                ) from None
-    return 1 if result.error else 0
+        return
+    print(text)
+    if json_path:
+        try:
+            report.write_atomic(report.json_target(json_path, pid, kind), summary + "\n")
+        except OSError as exc:
+            raise TorchwatchError(
+                f"cannot write {json_path}: {exc.strerror or exc}", "give --json a writable path"
+            ) from None

@@ -469,7 +469,7 @@ def _tui(
 
 
 def _headless(session: Session, child: Launched | None, opts: WatchOptions, start: float, stops: StopSignals) -> Ending:
-    last_label: tuple[str, int | None, tuple[float, str] | None] | None = None
+    last_label: tuple[str, int | None, tuple[float, str] | None, tuple[str, ...]] | None = None
     last_print = 0.0
     status_ok = True
     while True:
@@ -483,12 +483,14 @@ def _headless(session: Session, child: Launched | None, opts: WatchOptions, star
         if opts.duration is not None and now - start >= opts.duration:
             return _stop(session, child, stops, "duration") if child is not None else Ending("duration")
         obs = session.latest_observation
-        # A new straggler (or none any more), a hang and its end are news as much as a new label.
+        # A new straggler (or none any more), a hang and its end, a torch.compile finding (an event:
+        # a recompile, a graph break, the recompile limit) are news as much as a new label.
         label = (
             (
                 obs.verdict.label,
                 obs.straggler.rank if obs.straggler is not None else None,
                 (obs.hang.fired_s, obs.hang.state) if obs.hang is not None else None,
+                tuple(f.rule for f in obs.findings if f.rule.startswith("compile-")),
             )
             if obs is not None and obs.verdict is not None
             else None

@@ -8,16 +8,22 @@ nothing is injected), at most ``--max-trainings`` of them and ``--max-per-user``
 ``/metrics``; without it, a status line per training goes to stderr every ``STATUS_EVERY_S``.
 SIGINT, SIGTERM or SIGHUP (or ``--duration``) stop every session and the server; torchwatch then
 ends by that signal (128+N), as ``run`` and ``attach`` do.
+
+On a fleet, one serve per node and one Prometheus scraping them all: every series carries the
+job key the ranks share on every node and the node's name (:func:`node_name`), and the rules
+in deploy/prometheus/ compare the ranks of a job across nodes (docs/fleet.md).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +35,10 @@ from torchwatch.faces.headless import status_line
 from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.observation import Observation
+from torchwatch.model.readings import Role
 from torchwatch.model.text import terminal_safe
 from torchwatch.sources.hook import HookReader
+from torchwatch.sources.proc import ProcessTree
 from torchwatch.watch.discover import find_trainings
 from torchwatch.watch.lifecycle import StopSignals
 from torchwatch.watch.session import Session, SessionOptions
@@ -63,6 +71,8 @@ class Fleet:
         window_s: each session's verdict window, s.
         max_trainings: trainings watched at once (:data:`MAX_TRAININGS`).
         max_per_user: trainings of one user watched at once (:data:`MAX_PER_USER`).
+        hang_after: seconds without a step that count as a hang (``--hang-after``); ``None``:
+            ``max(30 s, 20 x p95 step)`` per process (:mod:`torchwatch.analysis.hang`).
     """
 
     def __init__(
@@ -71,15 +81,18 @@ class Fleet:
         window_s: float,
         max_trainings: int = MAX_TRAININGS,
         max_per_user: int = MAX_PER_USER,
+        hang_after: float | None = None,
     ) -> None:
         self._rules = rules
         self._window_s = window_s
+        self._hang_after = hang_after
         self.max_trainings = max_trainings
         self.max_per_user = max_per_user
         self._lock = threading.Lock()
         self._watched: dict[int, _Watched] = {}
         self._refused: set[tuple[int, float]] = set()
         self._capped: set[tuple[int, float]] = set()  # left out for a cap, said once
+        self._waiting: set[tuple[int, float]] = set()  # launchers with no rank yet, said once
 
     def observations(self) -> list[Observation | None]:
         """The latest Observation of each training watched (``None`` before its first analysis)."""
@@ -122,6 +135,7 @@ class Fleet:
             hooked = {pid: _hooked(pid) for pid, _ in new}
             new.sort(key=lambda item: (not hooked[item[0]], item[1], item[0]))
         self._capped &= set(new)  # a training gone or watched may be said again later
+        self._waiting &= set(new)
         started = []
         for pid, when in new:
             uid = _uid(pid)
@@ -151,8 +165,18 @@ class Fleet:
     def _start(self, pid: int, when: float, uid: int | None = None) -> Session | None:
         try:
             check_attachable(pid)
-            session = Session(pid, self._rules, SessionOptions(window_s=self._window_s))
+            session = Session(pid, self._rules, SessionOptions(window_s=self._window_s, hang_after=self._hang_after))
         except (TorchwatchError, psutil.Error) as exc:
+            if _launcher_without_ranks(pid):
+                # A torchrun agent in its rendezvous (minutes, on a job of many nodes) has started
+                # no rank yet: looked at again every scan, not refused for good.
+                if (pid, when) not in self._waiting:
+                    self._waiting.add((pid, when))
+                    print(
+                        f"torchwatch serve: PID {pid} is a launcher with no rank yet; watching it once it has one",
+                        file=sys.stderr,
+                    )
+                return None
             self._refused.add((pid, when))
             reason = exc.one_line() if isinstance(exc, TorchwatchError) else repr(exc)
             print(f"torchwatch serve: not watching PID {pid}: {reason}", file=sys.stderr)
@@ -180,6 +204,16 @@ class Fleet:
             self._drop(pid, "left running")
 
 
+NODE_NAME_ENV = "TORCHWATCH_NODE_NAME"
+
+
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """The ``host`` label: :data:`NODE_NAME_ENV` when set (in a Kubernetes pod, the node's name
+    from the downward API: the pod's own hostname is the pod's name), else this machine's hostname."""
+    env = os.environ if environ is None else environ
+    return env.get(NODE_NAME_ENV, "").strip()[:253] or socket.gethostname()
+
+
 def _uid(pid: int) -> int | None:
     """The real uid of ``pid`` (``None`` when it cannot be read)."""
     try:
@@ -195,6 +229,17 @@ def _hooked(pid: int) -> bool:
         return HookReader(pid).record() is not None
     except Exception:  # a reader that fails says nothing either way
         return False
+
+
+def _launcher_without_ranks(pid: int) -> bool:
+    """Whether ``pid`` is a launcher (torchrun, accelerate, deepspeed, ...: torchwatch's process
+    roles) that has started no training process yet."""
+    try:
+        tree = ProcessTree(pid)
+    except psutil.Error:
+        return False
+    root = tree.nodes().get(pid)
+    return root is not None and root.role is Role.LAUNCHER and not tree.mains()
 
 
 def _alive(pid: int, started: float) -> bool:
@@ -215,6 +260,7 @@ def serve_command(
     rules_dirs: list[Path] | None = None,
     max_trainings: int = MAX_TRAININGS,
     max_per_user: int = MAX_PER_USER,
+    hang_after: float | None = None,
 ) -> int:
     """``torchwatch serve``: watch every training found until a stop signal or ``duration``.
 
@@ -226,6 +272,7 @@ def serve_command(
         duration: stop after this many seconds (``None``: until a signal).
         rules_dirs: ``--rules`` directories.
         max_trainings / max_per_user: the caps of :class:`Fleet`.
+        hang_after: ``--hang-after`` seconds (``None``: each process's derived threshold).
 
     Returns:
         0 (a stop signal makes the caller end by it).
@@ -234,10 +281,10 @@ def serve_command(
         TorchwatchError: bad rules, or the metrics address cannot be bound.
     """
     rules = load_rules(rules_dirs or [])
-    fleet = Fleet(rules, window_s, max_trainings, max_per_user)
+    fleet = Fleet(rules, window_s, max_trainings, max_per_user, hang_after)
     server = None
     if listen is not None:
-        server = MetricsServer(ObservationCollector(fleet.observations, socket.gethostname()), *listen)
+        server = MetricsServer(ObservationCollector(fleet.observations, node_name()), *listen)
         print(f"torchwatch serve: Prometheus metrics on {server.url}", file=sys.stderr)
     print(
         f"torchwatch serve: looking for PyTorch trainings every {scan_s:g} s (Python interpreters that imported "

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch.faces.report import SCHEMA
+from torchwatch.faces.trial import report_lines
 from torchwatch.hook.wire import LOADER_SETTINGS
 from torchwatch.model.errors import UsageError
 from torchwatch.model.text import escape, terminal_safe
@@ -221,6 +222,7 @@ class Comparison:
     differ: tuple[tuple[str, str, str], ...]
     same: tuple[tuple[str, str], ...]
     moves: tuple[Move, ...]
+    trials: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     @property
     def change_pct(self) -> float | None:
@@ -337,7 +339,14 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], names: tuple[str, str] =
         differ=differ,
         same=same,
         moves=tuple(_moves(a, b)),
+        trials=(tuple(report_lines(_trials(a))), tuple(report_lines(_trials(b)))),
     )
+
+
+def _trials(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The report's live trials (a report from before trials has none)."""
+    trials = report.get("trials")
+    return [t for t in trials if isinstance(t, Mapping)][:16] if isinstance(trials, list) else []
 
 
 def _throughput(c: Comparison) -> str:
@@ -378,6 +387,10 @@ def render_text(c: Comparison) -> str:
         f"  {m.name:<{width}}  {fmt_value(m.a, m.unit):>10} -> {fmt_value(m.b, m.unit):<10} ({_delta(m)})"
         for m in c.moves
     ]
+    for side, lines_ in zip("AB", c.trials, strict=True):
+        if lines_:
+            lines.append(f"live trials in {side}:")
+            lines += list(lines_)
     return "\n".join(lines)
 
 
@@ -416,6 +429,9 @@ def render_markdown(c: Comparison) -> str:
         lines += [
             f"| `{m.name}` | {fmt_value(m.a, m.unit)} | {fmt_value(m.b, m.unit)} | {_delta(m)} |" for m in c.moves
         ]
+    for side, lines_ in zip("AB", c.trials, strict=True):
+        if lines_:
+            lines += ["", f"**Live trials in {side}**", ""] + [f"- {_md(t.strip())}" for t in lines_]
     lines += ["", f"<sub>A: {_md(c.names[0])}<br>B: {_md(c.names[1])}</sub>"]
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchwatch.faces.compile import compile_news
 from torchwatch.faces.hang import notice
 from torchwatch.model.observation import Observation
 from torchwatch.model.units import fmt_value
@@ -10,9 +11,10 @@ from torchwatch.model.units import fmt_value
 def status_line(obs: Observation | None, elapsed_s: float) -> str:
     """One line: the label and confidence, then data wait, loop CPU, disk wait, workers, steps/s
     and GPU (with its SM activity when GPM reads it), and for a job of several ranks the
-    straggler (or none), a recorded hang or stall with its likely cause, and the samplers' cadence
-    (``sampling: fast|steady``); ``starting``
-    before the first verdict.
+    straggler (or none), the MFU once a burst counted FLOPs, the torch.compile findings (rule id,
+    the latest such event in words and its file:line), a recorded hang or stall with its likely
+    cause, and the samplers' cadence (``sampling: fast|steady``); ``starting`` before the first
+    verdict.
 
     Args:
         obs: the latest Observation (``None``: none yet).
@@ -42,6 +44,11 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
             if st is not None
             else f"{len(obs.ranks)} ranks, no straggler"
         )
+    if f.get("mfu") is not None:
+        parts.append(f"MFU {value('mfu')}")
+    compiled = [x.rule for x in obs.findings if x.rule.startswith("compile-")]
+    if compiled:
+        parts.append("compile: " + "; ".join(compile_news(rule, obs.focus.compile) for rule in compiled))
     hang = notice(obs.hang)
     if hang is not None:
         parts.append(hang)

@@ -9,15 +9,26 @@ nothing is computed between scrapes.
 
 Naming follows the Prometheus conventions (prometheus.io/docs/practices/naming): base units in the
 name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1, ``_watts``), counters end in ``_total``.
-Help texts are the feature catalogue's where a metric is a feature. Labels:
+Help texts are the feature catalogue's where a metric is a feature. Labels (docs/fleet.md has the
+table, and how Prometheus compares the ranks of a job across nodes with them):
 
-- per rank: ``rank``, ``local_rank``, ``training_job`` (the key the ranks of one job share:
-  ``TORCHELASTIC_RUN_ID`` or ``MASTER_ADDR:MASTER_PORT``, as the hook publishes it), ``host``, ``pid``;
-  ``training_job`` and not ``job``: Prometheus sets ``job`` to the scrape job's name and renames a
-  scraped ``job`` label to ``exported_job``;
-- per GPU: ``gpu`` (NVML index), ``uuid``, ``name``, ``host``;
-- the verdict: ``label``, ``top_finding`` (the rule id of the first finding), and the target's
-  ``training_job``, ``host``, ``pid``.
+- per rank (:data:`RANK_LABELS`): ``training_job``, ``host``, ``rank``, ``local_rank``,
+  ``world_size``. ``training_job`` is the key every rank of the job shares on every node
+  (:func:`torchwatch.hook.ranks.job_from_env`: ``TORCHWATCH_JOB``, ``TORCHELASTIC_RUN_ID``, the
+  rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, ``slurm:JOB.STEP``; else the hook's spawn or
+  ``init_method`` key; else ``pid:PID`` for a training with no job identity at all). It is not
+  ``job``: Prometheus sets ``job`` to the scrape job's name and renames a scraped ``job`` label
+  to ``exported_job``. ``host`` is the node (:func:`torchwatch.cli.serve.node_name`);
+- per training (:data:`TARGET_LABELS`): ``training_job``, ``host``;
+- per GPU: ``gpu`` (NVML index), ``uuid``, ``name``, ``host``; the OpenTelemetry-named copies
+  (``hw_gpu_*``, ``hw_power_watts``) carry ``hw_id`` (the UUID), ``hw_name``, ``hw_type``, ``host``;
+- bounded enumerations: ``label`` (the verdict labels), ``top_finding`` (rule ids), ``state``
+  (the hang recorder's states), ``part``.
+
+Cardinality: no PID or path is a label value but ``pid:PID`` for a training that has no job
+key, and a node holds at most ``--max-trainings`` (16) of those at once, one per training as a
+job id would be. A node exports at most ``--max-trainings`` trainings x their ranks
+(:data:`~torchwatch.hook.wire.MAX_RANKS`) rank label sets.
 
 A value torchwatch did not measure has no sample (never 0), as in the report.
 """
@@ -31,8 +42,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -41,18 +51,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from torchwatch.model.errors import TorchwatchError, UsageError
-from torchwatch.model.observation import FeatureSpec, Observation, ProcessRow, RankView
+from torchwatch.model.hang import HangView
+from torchwatch.model.observation import FeatureSpec, GpuRow, Observation, ProcessRow, RankView
 
 __all__ = [
     "BACKLOG",
+    "HANG_STATES",
     "MAX_CONNECTIONS",
     "PREFIX",
+    "RANK_LABELS",
     "REQUEST_TIMEOUT_S",
+    "TARGET_LABELS",
     "MetricsServer",
     "ObservationCollector",
     "feature_metric",
     "metric_families",
     "parse_listen",
+    "training_job",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,19 +111,15 @@ def feature_metric(spec: FeatureSpec) -> tuple[str, float]:
     return f"{PREFIX}_feature_{base}{suffix}", factor
 
 
-@dataclass(frozen=True)
-class _Rank:
-    """The label values of one rank."""
-
-    rank: str
-    local_rank: str
-    job: str
-    pid: str
-
-
-_RANK_LABELS = ("rank", "local_rank", "training_job", "host", "pid")
+RANK_LABELS = ("training_job", "host", "rank", "local_rank", "world_size")
+"""The labels of every per-rank series: what a rule compares across the nodes of a job."""
+TARGET_LABELS = ("training_job", "host")
+"""The labels of every per-training series (one node's view of the job)."""
 _GPU_LABELS = ("gpu", "uuid", "name", "host")
-_TARGET_LABELS = ("training_job", "host", "pid")
+_HW_LABELS = ("hw_id", "hw_name", "hw_type", "host")
+# The hang recorder's states of a rank (torchwatch.model.hang.HangProcess.state) exported per
+# rank; a DataLoader worker's (idle, busy) are not a rank's.
+HANG_STATES = ("collective", "backward", "dataloader", "elsewhere", "unknown")
 
 
 def _help(obs: Sequence[Observation], feature: str, fallback: str, unit_note: str = "") -> str:
@@ -125,9 +136,11 @@ def _job(view: RankView) -> str:
     return info.job if info is not None and info.job else ""
 
 
-def _target_job(o: Observation) -> str:
-    """The job of the Observation's ranks (the first one that says)."""
-    return next((_job(v) for v in o.ranks.values() if _job(v)), "")
+def training_job(o: Observation) -> str:
+    """The ``training_job`` label of ``o``: the job key its ranks' hooks published (the first
+    rank that says), else ``pid:PID`` of the process watched (a training with no job identity;
+    see the module docstring for why that stays bounded)."""
+    return next((_job(v) for _, v in sorted(o.ranks.items()) if _job(v)), "") or f"pid:{o.target.pid}"
 
 
 def _processes(o: Observation) -> dict[int, ProcessRow]:
@@ -171,25 +184,45 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else value / 100.0
 
 
-def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> None:
-    """Per rank: step time, steps/s, steps, data wait, collective wait, CPU, RSS, device memory."""
+def _rank_labels(o: Observation, rank: int, view: RankView, job: str, host: str) -> tuple[str, ...]:
+    """The :data:`RANK_LABELS` values of one rank (a process shown alone keeps the rank its hook
+    knows: a rank watched by itself is not rank 0 of its job)."""
+    info = view.rank_info
+    if len(o.ranks) == 1 and info is not None and info.rank is not None:
+        rank = info.rank
+    local = "" if info is None or info.local_rank is None else str(info.local_rank)
+    world = info.world_size if info is not None and info.world_size is not None else None
+    if world is None and view.reading is not None:
+        world = view.reading.world_size
+    return (_job(view) or job, host, str(rank), local, str(world if world is not None else len(o.ranks)))
+
+
+def _live_hang(o: Observation) -> HangView | None:
+    """The hang record while the training has not stepped out of it (``None`` otherwise)."""
+    return o.hang if o.hang is not None and o.hang.state in ("hang", "dumping") else None
+
+
+def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> dict[int, tuple[str, ...]]:
+    """Per rank: the step's parts (medians over the window), steps, CPU, RSS, device memory and the
+    rank's own verdict: the series a rule compares across the nodes of a job.
+
+    Returns:
+        ``{rank's PID: its label values}`` of the ranks exported.
+    """
     procs = _processes(o)
+    job = training_job(o)
+    exported: dict[int, tuple[str, ...]] = {}
     for rank, view in sorted(o.ranks.items()):
-        info = view.rank_info
         if view.pid is None and view.reading is None and view.steps.steps is None:
             continue  # nothing known of it yet
-        local = "" if info is None or info.local_rank is None else str(info.local_rank)
-        # one process shown alone is key 0; its hook may know its real rank (a rank watched by itself)
-        if len(o.ranks) == 1 and info is not None and info.rank is not None:
-            rank = info.rank
-        labels = (str(rank), local, _job(view), host, "" if view.pid is None else str(view.pid))
+        labels = _rank_labels(o, rank, view, job, host)
         steps, reading = view.steps, view.reading
         proc = procs.get(view.pid) if view.pid is not None else None
 
         def gauge(
             name: str, doc: str, value: float | None, counter: bool = False, labels: tuple[str, ...] = labels
         ) -> None:
-            out.add(f"{PREFIX}_{name}", doc, _RANK_LABELS, labels, value, counter)
+            out.add(f"{PREFIX}_{name}", doc, RANK_LABELS, labels, value, counter)
 
         step_ms = reading.step_ms if reading is not None else steps.p50_ms
         gauge("step_time_seconds", _help(obs, "step_time_p50_ms", "median step time", ", seconds"), _ms(step_ms))
@@ -207,6 +240,12 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
         )
         if reading is not None:
             note = " (median over the window's steps), seconds"
+            gauge(
+                "window_steps",
+                "steps of the rank in the verdict window: what the per-step medians are of (ranks are "
+                "compared from 3 on, torchwatch.analysis.ranks.MIN_STEPS)",
+                reading.steps,
+            )
             gauge("data_wait_seconds", "time per step blocked in DataLoader __next__" + note, _ms(reading.data_wait_ms))
             gauge(
                 "collective_wait_seconds",
@@ -219,6 +258,12 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
                 "time per step before the gradient all-reduce other than data wait (forward, optimizer, "
                 "other host work)" + note,
                 _ms(reading.compute_ms),
+            )
+            gauge(
+                "time_to_backward_seconds",
+                "time per step the rank takes to reach its backward pass (data wait + compute): the rank "
+                "with the longest paces a synchronous job" + note,
+                _ms(reading.arrive_ms),
             )
         cpu = reading.cpu_pct if reading is not None and reading.cpu_pct is not None else None
         if cpu is None and proc is not None:
@@ -241,19 +286,80 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
             mem.reserved_bytes,
         )
         verdict = view.verdict
-        if verdict is not None and len(o.ranks) > 1:
+        if verdict is not None and (len(o.ranks) > 1 or labels[4] not in ("", "1")):
             top = view.findings[0].rule if view.findings else ""
             out.add(
                 f"{PREFIX}_rank_verdict",
                 "the rank's own verdict: 1 for its label and first finding",
-                (*_RANK_LABELS, "label", "top_finding"),
+                (*RANK_LABELS, "label", "top_finding"),
                 (*labels, verdict.label, top),
+                1.0,
+            )
+        if view.pid is not None:
+            exported[view.pid] = labels
+    return exported
+
+
+def _rank_hang_metrics(
+    out: _Families, o: Observation, host: str, exported: Mapping[int, tuple[str, ...]], seen: dict[int, tuple[str, ...]]
+) -> None:
+    """Per rank, the stall / hang recorder's state: ``torchwatch_rank_hang`` (0 or 1, there for every
+    rank exported, so an alert has a series), ``torchwatch_stall_seconds`` of the rank whose step
+    clock ran out and, while the hang lasts, ``torchwatch_rank_hang_state`` of every rank dumped.
+
+    A rank that stops stepping leaves the Observation's ranks (they are the ranks compared over the
+    window), but its hang state keeps the labels it was exported with: ``seen`` (``{PID: label
+    values}``, updated here) holds them for the ranks the live hang names, and nothing more.
+    """
+    hang = o.hang
+    live = _live_hang(o)
+    rows = {r.pid: r for r in live.processes if r.role in ("rank", "training")} if live is not None else {}
+    kept = {pid: labels for pid, labels in seen.items() if pid in rows or (hang is not None and pid == hang.pid)}
+    seen.clear()
+    seen.update(kept)
+    seen.update(exported)
+    world = next((labels[4] for labels in exported.values()), str(len(o.ranks)))
+
+    def labels_of(pid: int, rank: int | None) -> tuple[str, ...]:
+        got = seen.get(pid)
+        return got if got is not None else (training_job(o), host, str(rank if rank is not None else 0), "", world)
+
+    for pid, labels in exported.items():
+        own = live is not None and pid == live.pid
+        out.add(f"{PREFIX}_rank_hang", _RANK_HANG_HELP, RANK_LABELS, labels, 1.0 if own else 0.0)
+    if live is not None and live.pid not in exported:
+        out.add(f"{PREFIX}_rank_hang", _RANK_HANG_HELP, RANK_LABELS, labels_of(live.pid, live.rank), 1.0)
+    if hang is not None:
+        out.add(
+            f"{PREFIX}_stall_seconds",
+            "seconds without a step in the rank's last recorded hang: until now, or until the training stepped "
+            "again (state: hang, dumping, stall)",
+            (*RANK_LABELS, "state"),
+            (*labels_of(hang.pid, hang.rank), hang.state),
+            hang.stalled_s,
+        )
+    for pid, row in sorted(rows.items()):
+        if row.state in HANG_STATES:
+            out.add(
+                f"{PREFIX}_rank_hang_state",
+                "1 for what the rank's main thread does in the live hang's thread dump (collective, backward: "
+                "waits on its peers; dataloader; elsewhere: neither, the likely cause when it is the only one; "
+                "unknown: not dumped)",
+                (*RANK_LABELS, "state"),
+                (*labels_of(pid, row.rank), row.state),
                 1.0,
             )
 
 
+_RANK_HANG_HELP = (
+    "1 while this rank has made no step for longer than the hang threshold (max(30 s, 20 x its p95 step) or "
+    "--hang-after) and the stall / hang recorder holds it as the hang, else 0"
+)
+
+
 def _gpu_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> None:
-    """Per GPU: utilization, power, memory, and GPM activity when read."""
+    """Per GPU: utilization, power, memory, and GPM activity when read; the quantities that
+    OpenTelemetry's hardware conventions name also under their names (:func:`_hw_gpu_metrics`)."""
     for row in o.gpus:
         last = row.last
         labels = (str(row.index), (last.uuid or "") if last is not None else "", row.name, host)
@@ -266,6 +372,7 @@ def _gpu_metrics(out: _Families, obs: Sequence[Observation], o: Observation, hos
         gauge("power_limit_watts", "enforced power limit, W", row.power_limit_w)
         gauge("memory_used_bytes", "device memory used, bytes", row.mem_used_bytes)
         gauge("memory_total_bytes", "device memory, bytes", row.mem_total_bytes)
+        _hw_gpu_metrics(out, row, labels[1] or f"gpu{row.index}", host)
         if last is None:
             continue
         gpm = (
@@ -279,23 +386,57 @@ def _gpu_metrics(out: _Families, obs: Sequence[Observation], o: Observation, hos
             gauge(name, _help(obs, feature, fallback), _pct(pct))
 
 
+def _hw_gpu_metrics(out: _Families, row: GpuRow, hw_id: str, host: str) -> None:
+    """The NVML readings under the names OpenTelemetry's hardware semantic conventions give them
+    (``hw.gpu.utilization``, ``hw.gpu.memory.usage``, ``hw.gpu.memory.limit``,
+    ``hw.gpu.memory.utilization``, ``hw.power`` with ``hw.type=gpu``), as the OpenTelemetry to
+    Prometheus translation writes them: dots to underscores, the unit as a suffix (``By`` ->
+    ``_bytes``, ``W`` -> ``_watts``, a ``1`` gauge -> ``_ratio``), attributes as labels
+    (``hw.id`` -> ``hw_id``: the GPU's UUID, else ``gpuN``). docs/fleet.md has the table."""
+    labels = (hw_id, row.name, "gpu", host)
+    util = _pct(row.util_pct)
+    out.add(
+        "hw_gpu_utilization_ratio",
+        "OpenTelemetry hw.gpu.utilization (hw.gpu.task=general): fraction of time a kernel ran (NVML)",
+        (*_HW_LABELS, "hw_gpu_task"),
+        (*labels, "general"),
+        util,
+    )
+    used, total = row.mem_used_bytes, row.mem_total_bytes
+    out.add("hw_gpu_memory_usage_bytes", "OpenTelemetry hw.gpu.memory.usage: GPU memory used", _HW_LABELS, labels, used)
+    out.add(
+        "hw_gpu_memory_limit_bytes",
+        "OpenTelemetry hw.gpu.memory.limit: size of the GPU memory",
+        _HW_LABELS,
+        labels,
+        total,
+    )
+    out.add(
+        "hw_gpu_memory_utilization_ratio",
+        "OpenTelemetry hw.gpu.memory.utilization: fraction of GPU memory used",
+        _HW_LABELS,
+        labels,
+        used / total if used is not None and total else None,
+    )
+    out.add("hw_power_watts", "OpenTelemetry hw.power (hw.type=gpu): board power draw", _HW_LABELS, labels, row.power_w)
+
+
 def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
     """The verdict as a labelled gauge, its confidence, the straggler's score, and every feature."""
-    job = _target_job(o)
-    labels = (job, host, str(o.target.pid))
+    labels = (training_job(o), host)
     if o.verdict is not None:
         top = o.findings[0].rule if o.findings else ""
         out.add(
             f"{PREFIX}_verdict",
             "torchwatch's verdict on the training (the job's, for several ranks): 1 for its label and first finding",
-            (*_TARGET_LABELS, "label", "top_finding"),
+            (*TARGET_LABELS, "label", "top_finding"),
             (*labels, o.verdict.label, top),
             1.0,
         )
         out.add(
             f"{PREFIX}_verdict_confidence",
             "confidence of the verdict, 0..1",
-            _TARGET_LABELS,
+            TARGET_LABELS,
             labels,
             o.verdict.confidence,
         )
@@ -303,15 +444,14 @@ def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
         st = o.straggler
         out.add(
             f"{PREFIX}_straggler_score",
-            "the straggler's score: (the victim's collective wait - the straggler's) / step time (TraceML's)",
-            (*_TARGET_LABELS, "rank"),
+            "this node's straggler among its own ranks, and its score: (the victim's collective wait - the "
+            "straggler's) / step time (TraceML's); across nodes, the rule torchwatch:rank_straggler_score:ratio",
+            (*TARGET_LABELS, "rank"),
             (*labels, str(st.rank)),
             st.score,
         )
     _hang_metrics(out, o, labels)
-    focus = o.ranks.get(o.focus_rank)
-    rank = str(o.focus_rank)
-    feature_labels = (*_TARGET_LABELS, "rank")
+    feature_labels = (*TARGET_LABELS, "rank")
     for name, value in sorted(o.features.items()):
         spec = o.catalogue.get(name)
         if spec is None or value is None:
@@ -321,44 +461,35 @@ def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
             metric,
             f"{spec.doc} (focus rank's window; source {spec.source})",
             feature_labels,
-            (_job(focus) if focus is not None else job, host, str(o.target.pid), rank),
+            (*labels, str(o.focus_rank)),
             value * factor,
         )
 
 
 def _hang_metrics(out: _Families, o: Observation, labels: tuple[str, ...]) -> None:
-    """The stall / hang recorder's state: what an alert on a stuck job reads.
+    """The stall / hang recorder's state for the training: what an alert on a stuck job reads.
 
     ``torchwatch_hang`` is 1 while the last record is a hang the training has not stepped out of
     (0 otherwise, also before any record, so an alert has a series to watch);
-    ``torchwatch_hangs_total`` counts the records (one per stall); ``torchwatch_stall_seconds`` is
-    the last record's time without a step, labelled with the rank whose step clock ran out.
+    ``torchwatch_hangs_total`` counts the records (one per stall). The rank the record is of
+    carries ``torchwatch_rank_hang`` and ``torchwatch_stall_seconds`` (:func:`_rank_hang_metrics`).
     """
     hang = o.hang
-    stuck = hang is not None and hang.state in ("hang", "dumping")
     out.add(
         f"{PREFIX}_hang",
         "1 while the training (or one rank) has made no step for longer than the hang threshold, else 0",
-        _TARGET_LABELS,
+        TARGET_LABELS,
         labels,
-        1.0 if stuck else 0.0,
+        1.0 if _live_hang(o) is not None else 0.0,
     )
     out.add(
         f"{PREFIX}_hangs_total",
         "hangs the stall / hang recorder recorded while watching (one per stall)",
-        _TARGET_LABELS,
+        TARGET_LABELS,
         labels,
         float(hang.number) if hang is not None else 0.0,
         counter=True,
     )
-    if hang is not None:
-        out.add(
-            f"{PREFIX}_stall_seconds",
-            "seconds without a step in the last recorded hang: until now, or until the training stepped again",
-            (*_TARGET_LABELS, "rank", "state"),
-            (*labels, "" if hang.rank is None else str(hang.rank), hang.state),
-            hang.stalled_s,
-        )
 
 
 def _self_metrics(out: _Families, obs: Sequence[Observation], host: str) -> None:
@@ -388,15 +519,20 @@ def _self_metrics(out: _Families, obs: Sequence[Observation], host: str) -> None
     )
 
 
-def metric_families(observations: Iterable[Observation], host: str) -> list[Metric]:
+def metric_families(
+    observations: Iterable[Observation], host: str, seen: dict[int, dict[int, tuple[str, ...]]] | None = None
+) -> list[Metric]:
     """Every metric of ``observations`` (one per watched training), as Prometheus metric families.
 
-    A pure function: the same Observations give the same metrics. A GPU seen by several
-    trainings is exported once (the first Observation's reading); so is a rank label set.
+    The same Observations and ``seen`` give the same metrics. A GPU seen by several trainings is
+    exported once (the first Observation's reading); so is a rank label set.
 
     Args:
         observations: the latest Observation of each training watched (may be empty).
         host: the ``host`` label (this machine's name).
+        seen: ``{training's PID: {rank's PID: label values}}`` kept from one scrape to the next
+            (:class:`ObservationCollector` holds it): the labels of a rank the live hang names after
+            it left the Observation's ranks. Trainings no longer watched are dropped from it.
 
     Returns:
         Gauge and counter families; ``torchwatch_targets`` (trainings watched) is always there.
@@ -404,9 +540,13 @@ def metric_families(observations: Iterable[Observation], host: str) -> list[Metr
     obs = list(observations)
     out = _Families()
     out.add(f"{PREFIX}_targets", "trainings torchwatch watches now", ("host",), (host,), float(len(obs)))
+    memo = {} if seen is None else seen
+    for gone in set(memo) - {o.target.pid for o in obs}:
+        del memo[gone]
     for o in obs:
         _verdict_metrics(out, o, host)
-        _rank_metrics(out, obs, o, host)
+        exported = _rank_metrics(out, obs, o, host)
+        _rank_hang_metrics(out, o, host, exported, memo.setdefault(o.target.pid, {}))
         _gpu_metrics(out, obs, o, host)
     if obs:
         _self_metrics(out, obs, host)
@@ -424,10 +564,14 @@ class ObservationCollector(Collector):
     def __init__(self, latest: Callable[[], Iterable[Observation | None]], host: str) -> None:
         self._latest = latest
         self._host = host
+        self._seen: dict[int, dict[int, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()  # two scrapes at once (an HA pair) share the labels seen
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the Observations there are now (a training not analysed yet has none)."""
-        yield from metric_families((o for o in self._latest() if o is not None), self._host)
+        with self._lock:
+            families = metric_families((o for o in self._latest() if o is not None), self._host, self._seen)
+        yield from families
 
 
 def parse_listen(text: str) -> tuple[str, int]:

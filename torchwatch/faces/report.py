@@ -21,7 +21,10 @@ from typing import Any
 
 from torchwatch import __version__
 from torchwatch.faces.burst import burst_lines
+from torchwatch.faces.compile import compile_lines, flop_json, rank_flop_lines
 from torchwatch.faces.hang import hang_lines
+from torchwatch.faces.trial import report_lines
+from torchwatch.hook.trialspec import TrialState
 from torchwatch.hook.wire import LOADER_SETTINGS, BurstResult, WireError
 from torchwatch.model import files
 from torchwatch.model.errors import TorchwatchError
@@ -29,6 +32,7 @@ from torchwatch.model.findings import Verdict
 from torchwatch.model.observation import Observation
 from torchwatch.model.readings import SourceStatus
 from torchwatch.model.text import escape, json_safe, terminal_safe
+from torchwatch.model.trials import verdict
 from torchwatch.model.units import amp_words, fmt_bytes, fmt_ms, fmt_share, fmt_value
 
 SCHEMA = "torchwatch.report/1"
@@ -109,7 +113,16 @@ def build(
         "straggler": straggler_json(obs),
         "hang": None if obs.hang is None else _clean(obs.hang.to_json()),
         "sampling": sampling_json(obs),
+        "trials": [trial_json(st) for st in obs.trials],
     }
+
+
+def trial_json(state: TrialState) -> dict[str, Any]:
+    """One live trial as the report's ``trials`` entry: the hook's state
+    (:class:`~torchwatch.hook.trialspec.TrialState` as JSON) and ``verdict`` (``result``:
+    faster, slower, no difference, undecided, refused or failed; ``text``; ``speedup``, ``lo``,
+    ``hi``: the step-time ratio without / with the setting and its 95 % interval; ``pm``)."""
+    return {**state.to_json(), "verdict": verdict(state)}
 
 
 def sampling_json(obs: Observation) -> dict[str, Any]:
@@ -139,7 +152,8 @@ def ranks_json(obs: Observation) -> list[dict[str, Any]]:
     window), ``step_ms``, ``data_wait_ms``, ``compute_ms`` (forward and other host work before the
     all-reduce), ``collective_wait_ms`` (medians over the window's steps, ms), ``cpu_pct`` (% of one
     core), ``runqueue_share``, ``label``, ``summary``, ``top_finding`` (its first finding's rule),
-    ``focus`` (the rank the verdict and panels are about)."""
+    ``focus`` (the rank the verdict and panels are about); added: ``flops`` (the rank's FLOP rate
+    and MFU, as ``hook.flops``; ``None`` without a burst's count)."""
     out = []
     for rank in sorted(obs.ranks):
         r = obs.ranks[rank].reading
@@ -150,6 +164,7 @@ def ranks_json(obs: Observation) -> list[dict[str, Any]]:
             value = _num(row[key])
             row[key] = None if value is None else round(value, 3)
         row["focus"] = rank == obs.focus_rank
+        row["flops"] = flop_json(obs.ranks[rank].flop_rate)
         out.append(row)
     return out
 
@@ -175,7 +190,10 @@ def hook_json(obs: Observation) -> dict[str, Any] | None:
     (``allocated_bytes``, ``reserved_bytes``, ``peak_bytes``, ``why``, and added: ``device``,
     ``capacity_bytes``, ``alloc_retries``, ``devices``, ``allocated_series``, ``reserved_series``),
     ``gpu_settings`` (TF32, cuDNN, compile, optimizer ``foreach``/``fused``, ``alloc_conf``, as
-    the hook read them; ``None``: not read).
+    the hook read them; ``None``: not read); ``compile`` (what torch.compile did:
+    :class:`~torchwatch.hook.wire.CompileInfo`, ``None`` before it compiled) and ``flops``
+    (FLOPs per step, achieved FLOP/s and MFU: :meth:`~torchwatch.model.peaks.FlopRate.to_json`
+    and ``text``; ``None`` without a burst's count).
     """
     rank = obs.focus
     steps, burst = rank.steps, rank.burst
@@ -211,6 +229,8 @@ def hook_json(obs: Observation) -> dict[str, Any] | None:
         "errors": list(steps.errors),
         "device_memory": asdict(rank.device_memory),
         "gpu_settings": rank.gpu_settings.to_json() if rank.gpu_settings else None,
+        "compile": rank.compile.to_json() if rank.compile else None,
+        "flops": flop_json(rank.flop_rate),
     }
 
 
@@ -266,6 +286,10 @@ def hook_lines(hook: Mapping[str, Any] | None) -> list[str]:
             lines += burst_lines(BurstResult.decode(dict(last), "last_burst"))
         except WireError as exc:
             lines.append(f"  last burst: unreadable ({exc})")
+    flops = hook.get("flops")
+    if isinstance(flops, Mapping) and flops.get("text"):
+        lines.append(f"  {flops['text']}")
+    lines += compile_lines(hook.get("compile"))
     for err in hook.get("errors") or []:
         lines.append(f"  hook error: {err}")
     return lines
@@ -323,13 +347,20 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append(f"      evidence: {ev}")
         for fx in f["fixes"]:
             lines.append(f"      fix: {fx['title']}: {fx['detail']}")
+            if fx.get("trial"):
+                lines.append(f"           try it live: torchwatch trial {target['pid']} {fx['trial']}")
     srcs = "; ".join(
         f"{name} {st['status']}" + (f": {st['reason']}" if st.get("reason") else "")
         for name, st in report["sources"].items()
     )
     lines += hang_lines(report.get("hang"))
     lines += rank_lines(report.get("ranks") or [], report.get("straggler"))
+    lines += rank_flop_lines(report.get("ranks") or [])
     lines += hook_lines(report.get("hook"))
+    trials = report.get("trials") or []
+    if trials:
+        lines.append("live trials (torchwatch trial):")
+        lines += report_lines(trials)
     lines.append(f"sources: {srcs}")
     line = sampling_line(report.get("sampling"))
     if line:

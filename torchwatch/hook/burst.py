@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import publish, wire
+from torchwatch.hook import flops, publish, wire
 
 BurstParams = wire.BurstRequest  # the bounds of one burst, as torchwatch's request.json gives them
 ARM_MAX_S = 300.0  # a burst waiting for its start_step gives up after this long
@@ -179,6 +179,8 @@ class Burster:
         self._ended_at: float | None = None
         self._timer: threading.Timer | None = None
         self._worker: threading.Thread | None = None
+        self._flop: flops.FlopStep | None = None  # the warmup step's FLOP count, while it runs
+        self._flop_out: dict[str, Any] = {}  # its wire.FLOP_FIELDS
 
     # -- public, main thread --------------------------------------------------------------
     def public_state(self) -> wire.BurstState:
@@ -265,6 +267,7 @@ class Burster:
             self._start_steps(now, step)
         elif self.state == "running" and self.mode == "steps":
             self._active_steps += 1
+            self._end_flop_count(now)  # the warmup step ends: count off before the profiler records
             self._prof.step()
             total = self.params.warmup + self.params.steps
             if self._active_steps >= total or now - self._started_at >= self.params.max_s:
@@ -275,8 +278,10 @@ class Burster:
         if self.state == "armed" and now >= self._arm_deadline - 0.05:
             self._start_window(now)
         elif (self.state == "running" and self.mode == "window") or (
-            self.state == "running" and now - self._started_at >= self.params.max_s
+            self.state == "running" and now - self._started_at >= self.params.max_s and self._flop is None
         ):
+            # (while the warmup step's FLOPs are counted, its end, a step boundary, ends the burst:
+            # a signal handler may run inside the counting mode, which cannot be left from there)
             self._finish(now)
 
     def close(self) -> None:
@@ -352,8 +357,37 @@ class Burster:
             return
         self._first_step = step
         self.state, self._started_at, self._active_steps = "running", now, 0
+        self._start_flop_count()
         self._schedule(p.max_s)  # a step longer than max_s still ends the burst
         self._changed()
+
+    def _start_flop_count(self) -> None:
+        """Count the FLOPs of the warmup step (:mod:`torchwatch.hook.flops`): the step the
+        profiler discards, so no profiled step pays for the count."""
+        self._flop, self._flop_out = None, {}
+        if not flops.enabled():
+            self._flop_out = {"flops_note": f"FLOPs not counted: {flops.ENV}=0"}
+        elif self.params.warmup < 1:
+            self._flop_out = {"flops_note": "FLOPs not counted: the burst has no warmup step to count them in"}
+        else:
+            self._flop, note = flops.FlopStep.start(self.torch, self._started_at)
+            if note:
+                self._flop_out = {"flops_note": note}
+
+    def _end_flop_count(self, now: float) -> None:
+        """The counted step ended at ``now``: leave the counting mode; on a CPU, measure the
+        matmul peak once (same step, after the count)."""
+        step, self._flop = self._flop, None
+        if step is None:
+            return
+        out = step.stop(now)
+        if step.on:  # could not leave it (a mode of the training's on top): try again later
+            self._flop = step
+        if out.get("flops_device") == "cpu" and out.get("flops_per_step"):
+            peak = flops.cpu_peak(self.torch, out.get("flops_dtype"))
+            if peak is not None:
+                out["cpu_peak_flops"], out["cpu_peak_ms"] = round(peak[0], 1), peak[1]
+        self._flop_out = out
 
     def _start_window(self, now: float) -> None:
         self._cancel_timer()
@@ -370,6 +404,9 @@ class Burster:
 
     def _finish(self, now: float) -> None:
         self._cancel_timer()
+        if self._flop is not None:  # the burst ends inside its warmup step (at exit)
+            self._end_flop_count(now)
+            self._flop_out = {"flops_note": "FLOPs not counted: the burst ended inside its warmup step"}
         prof, self._prof = self._prof, None
         measured = self._step_durations(self._active_steps) if self.mode == "steps" else []
         rec, self._window_rec = self._window_rec, None
@@ -392,6 +429,7 @@ class Burster:
             "first_step": self._first_step,
             "group": self.params.group,
             "rank": self._rank_or_none(),
+            **(self._flop_out if self.mode == "steps" else {}),
         }
         self._worker = threading.Thread(
             target=self._summarize, args=(prof, info), name="torchwatch-burst-summary", daemon=True
@@ -542,6 +580,7 @@ class Burster:
 
     def _abort(self, now: float, reason: str) -> None:
         self._cancel_timer()
+        self._end_flop_count(now)
         self.last = wire.BurstResult(self.count, error=wire.clean_text(reason, wire.TEXT), started_at=now)
         self._ended_at = now
         self.state, self.mode = "idle", ""

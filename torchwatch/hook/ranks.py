@@ -37,6 +37,7 @@ import functools
 import importlib
 import inspect
 import os
+import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
@@ -103,6 +104,42 @@ def _tcp_address(init_method: object) -> str | None:
     return None
 
 
+_LOOPBACK = ("localhost", "127.", "::1", "0:0:0:0:0:0:0:1")
+
+
+def job_from_env(environ: Mapping[str, str]) -> str | None:
+    """The key every rank of one job shares, on every node, from the environment its launcher
+    set (the first that is there); ``None`` when none is.
+
+    1. ``TORCHWATCH_JOB``: the user's own (on Kubernetes, the pod spec sets it from the downward
+       API, e.g. the ``batch.kubernetes.io/job-name`` label).
+    2. ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``; not ``none``, torchrun's default, which
+       unrelated jobs share): stays the same when an elastic job restarts.
+    3. ``MASTER_ADDR:MASTER_PORT``: the rendezvous endpoint (torchrun sets it to rank 0's store
+       on every node; so do Kubeflow's PyTorchJob and most Slurm scripts). A loopback address is
+       every machine's own, so it is qualified by this machine's name (``host/127.0.0.1:29500``):
+       two single-node jobs on two nodes are not one job.
+    4. ``slurm:SLURM_JOB_ID[.SLURM_STEP_ID]``: one step of a Slurm job.
+
+    A pod's cgroup path names only the pod (one per node), never the job: it is not used.
+    """
+    explicit = environ.get("TORCHWATCH_JOB", "").strip()
+    if explicit:
+        return wire.clean_text(explicit, wire.NAME) or None
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run_id and run_id != "none":
+        return wire.clean_text(run_id, wire.NAME) or None
+    addr, port = environ.get("MASTER_ADDR", "").strip(), environ.get("MASTER_PORT", "").strip()
+    if addr and port:
+        if addr.startswith(_LOOPBACK):
+            addr = f"{socket.gethostname()}/{addr}"
+        return wire.clean_text(f"{addr}:{port}", wire.NAME) or None
+    slurm, step = environ.get("SLURM_JOB_ID", "").strip(), environ.get("SLURM_STEP_ID", "").strip()
+    if slurm.isdigit():
+        return f"slurm:{slurm}" + (f".{step}" if step.isdigit() else "")
+    return None
+
+
 class Identity:
     """What this process knows of its place in a distributed job.
 
@@ -160,12 +197,7 @@ class Identity:
         put("world_size", self.dist_world, _DIST)
         # Also without the parent's mark: a hook that attach injected into a spawned rank.
         put("local_rank", spawn_index(), _INDEX)
-        run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
-        if run_id and run_id != "none":  # torchrun's default rendezvous id: shared by unrelated jobs
-            put("job", wire.clean_text(run_id, wire.NAME), _ENV)
-        addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
-        if addr and port:
-            put("job", wire.clean_text(f"{addr}:{port}", wire.NAME), _ENV)
+        put("job", job_from_env(env), _ENV)
         if self.spawned_by is not None:
             put("job", f"mp.spawn:{self.spawned_by}", _PARENT)
         put("job", self.init_address, _DIST)

@@ -17,7 +17,8 @@ What runs on the training's hot path, and its cost (measured by ``bench/hook_cos
   ``Work.wait()``: two clock reads and two counter updates per call of the main thread outside
   backward;
 - at most every 0.5 s, at a step boundary: the GPU settings and, once the training has
-  initialised CUDA, its device memory (:mod:`torchwatch.hook.gpu`).
+  initialised CUDA, its device memory (:mod:`torchwatch.hook.gpu`); torch.compile's counters
+  (:mod:`torchwatch.hook.compiled`: a few microseconds unless something compiled).
 
 Everything else (``hook.json`` rewrites, burst summaries) happens on rare events or in a
 background thread. Every entry point catches its own errors and records them in the state:
@@ -45,8 +46,11 @@ from typing import Any
 
 from torchwatch.hook import publish, ranks, wire
 from torchwatch.hook.burst import Burster, BurstParams
+from torchwatch.hook.compiled import CompileWatch
 from torchwatch.hook.cpus import read_threads
 from torchwatch.hook.gpu import GpuWatch
+from torchwatch.hook.trial import Trials
+from torchwatch.hook.trialspec import request_kind
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
@@ -153,10 +157,13 @@ def _loader_settings(loader: Any) -> dict[str, Any]:
 
 
 class _LoaderRecord:
-    __slots__ = ("batch_bytes", "batches", "key", "settings", "wait_s")
+    __slots__ = ("batch_bytes", "batches", "key", "ref", "settings", "wait_s")
 
-    def __init__(self, key: int, settings: dict[str, Any]) -> None:
+    def __init__(self, key: int, settings: dict[str, Any], loader: Any = None) -> None:
         self.key = key
+        self.ref: Callable[[], Any] = lambda: None  # the loader, weakly (a live trial changes its iterators)
+        with contextlib.suppress(TypeError):
+            self.ref = weakref.ref(loader)
         self.settings = settings
         self.batches = 0
         self.wait_s = 0.0
@@ -256,10 +263,12 @@ class Hook:
         self.torch: Any = None
         self.counters: publish.Counters | None = None
         self.burster: Burster | None = None
+        self.trials: Trials | None = None
         self.errors: list[str] = []
         self.loaders: dict[int, _LoaderRecord] = {}
         self.amp = wire.AmpInfo()
         self.gpu = GpuWatch()
+        self.compile = CompileWatch()  # torch.compile's counters, read with the GPU settings
         self.threads: wire.ThreadSettings | None = None  # read with the GPU settings, every 0.5 s
         self.signal_owned = False
         self.usable_cpus: float | None = None
@@ -333,6 +342,10 @@ class Hook:
         self.burster = Burster(
             torch, self.instance, self._interrupt_main, self.publish, self.step_durations, self._rank
         )
+        self.trials = Trials(
+            torch, self.publish, self._interrupt_main, self._loader_object, self._busiest_loader,
+            self._trial_busy, self._typical_step_s,
+        )  # fmt: skip
         _active = True
         self._patch(torch)
         self._take_signal()
@@ -498,7 +511,11 @@ class Hook:
             return batch
 
         def _get_iterator(loader: Any) -> Any:
-            it = orig_get(loader)
+            trials = hook.trials
+            if _active and trials is not None and trials.wants(loader):
+                it = trials.make_iterator(loader, orig_get)
+            else:
+                it = orig_get(loader)
             if _active:
                 try:
                     it._torchwatch_loader = hook.loader_record(loader)
@@ -623,8 +640,13 @@ class Hook:
         counters.step(now, duration, self._wait_since_step, bw, blocked, comm)
         self._reset_step_times()
         self._last_step_t = now
+        trials = self.trials
+        trying = trials is not None and trials.active
+        if trying:
+            assert trials is not None
+            trials.on_step(now, duration, counters.steps)
         burster = self.burster
-        if burster is not None:
+        if burster is not None and not trying:
             if burster.state != "idle":
                 burster.on_step(now, counters.steps)
                 # Starting or stepping the profiler is our cost, not the next step's: the next
@@ -643,9 +665,11 @@ class Hook:
             optimizer = self._step_opt() if self._step_opt is not None else None
             threads = read_threads(self.torch)
             moved, self.threads = threads != self.threads, threads
-            if self.gpu.sample(self.torch, optimizer, now) or moved:
-                if self.gpu.error:
-                    self.error(self.gpu.error)
+            compiled = self.compile.read(now)
+            if self.gpu.sample(self.torch, optimizer, now) or moved or compiled:
+                for err in (self.gpu.error, self.compile.error):
+                    if err:
+                        self.error(err)
                 self.publish()
 
     def _set_step_source(self, source: str) -> None:
@@ -745,13 +769,36 @@ class Hook:
         key = id(loader)
         rec = self.loaders.get(key)
         if rec is None:
-            rec = _LoaderRecord(key, _loader_settings(loader))
+            rec = _LoaderRecord(key, _loader_settings(loader), loader)
             if len(self.loaders) >= MAX_LOADERS:
                 oldest = min(self.loaders.values(), key=lambda r: r.batches)
                 del self.loaders[oldest.key]
             self.loaders[key] = rec
             self.publish()
         return rec
+
+    def _loader_object(self, key: int) -> Any:
+        """The DataLoader recorded under ``key``, while it is alive (``None`` otherwise)."""
+        rec = self.loaders.get(key)
+        return rec.ref() if rec is not None else None
+
+    def _busiest_loader(self) -> int | None:
+        """The key of the DataLoader that gave the most batches (the training's), ``None`` before one."""
+        if not self.loaders:
+            return None
+        return max(self.loaders.values(), key=lambda r: r.batches).key
+
+    def _trial_busy(self) -> str | None:
+        """Why a live trial cannot start now (a profiler burst would be timed with it)."""
+        burster = self.burster
+        if burster is not None and burster.state != "idle":
+            return f"a profiler burst is {burster.state}: its cost would be timed as the setting's"
+        return None
+
+    def _typical_step_s(self) -> float | None:
+        """The median duration of the last 9 steps, s (``None`` before a step)."""
+        recent = sorted(self.step_durations(9))
+        return recent[len(recent) // 2] if recent else None
 
     def step_durations(self, n: int) -> list[float]:
         """Durations of the last ``n`` steps, s (oldest first)."""
@@ -767,13 +814,32 @@ class Hook:
             return
         try:
             burster = self.burster
-            if burster is None:
+            trials = self.trials
+            if burster is None or trials is None:
                 return
             now = time.monotonic()
+            steps = self.counters.steps if self.counters is not None else 0
             if burster.state in ("armed", "running"):
-                burster.on_interrupt(now)
+                req = self._take_request()
+                if request_kind(req) != "burst":
+                    trials.on_request(req, now, steps)  # refused, with the reason: a burst runs
+                elif req is not None:
+                    burster.request(BurstParams.from_request(req), now, True, "signal")  # refused: one runs
+                burster.on_interrupt(now)  # a timer's deadline, if one is due (a no-op otherwise)
                 return
-            params = BurstParams.from_request(self._take_request())
+            req = self._take_request()
+            if request_kind(req) != "burst":
+                trials.on_request(req, now, steps)
+                return
+            if trials.active:
+                if req is None:
+                    trials.on_interrupt(now)  # the trial's max_s timer
+                else:
+                    why = "a live trial is running: its steps are being timed"
+                    burster.last_refusal = wire.Refusal(now, why, "signal")
+                    self.publish()
+                return
+            params = BurstParams.from_request(req)
             stepping = self._last_step_t > 0 and now - self._last_step_t < max(2.0, params.arm_timeout_s)
             burster.request(params, now, stepping, "signal")
         except Exception as exc:
@@ -862,6 +928,8 @@ class Hook:
             devices=self.gpu.devices,
             gpu_settings=self.gpu.settings,
             threads=self.threads,
+            compile=self.compile.info,
+            trial=self.trials.state if self.trials is not None else None,
         )
 
     def _rank(self) -> int | None:
@@ -911,8 +979,12 @@ class Hook:
         if os.getpid() != self.pid:
             return
         with contextlib.suppress(Exception):
+            if self.trials is not None:
+                self.trials.close()  # the old value back first
+        with contextlib.suppress(Exception):
             if self.burster is not None:
                 self.burster.close()
+        self.compile.close()
         _active = False
         if self.counters is not None:
             self.counters.close()

@@ -49,6 +49,8 @@ __all__ = [
     "BurstRequest",
     "BurstResult",
     "BurstState",
+    "CompileEvent",
+    "CompileInfo",
     "CounterSnapshot",
     "DeviceMemory",
     "GpuSettings",
@@ -495,6 +497,11 @@ class BurstResult:
 
     ``trace_path`` is the gzip trace, ``trace_dir`` the folder that holds it (the one to give
     HolisticTraceAnalysis or TensorBoard).
+
+    The FLOP count of the burst's warmup step (:data:`FLOP_FIELDS`, :mod:`torchwatch.hook.flops`):
+    ``flops_per_step``, its dominant ``flops_dtype``, ``flops_device`` (``cuda``, ``cpu``) and
+    ``device_name``, ``flop_step_ms`` (that step's duration), on a CPU ``cpu_peak_flops`` (FLOP/s
+    of a matmul measured once in the training) and ``cpu_peak_ms``; ``flops_note`` says why not.
     """
 
     id: int
@@ -538,6 +545,14 @@ class BurstResult:
     first_step: int | None = None
     group: str | None = None
     rank: int | None = None
+    flops_per_step: float | None = None
+    flops_dtype: str | None = None
+    flops_device: str | None = None
+    device_name: str | None = None
+    flop_step_ms: float | None = None
+    cpu_peak_flops: float | None = None
+    cpu_peak_ms: float | None = None
+    flops_note: str | None = None
 
     @classmethod
     def decode(cls, value: object, where: str) -> BurstResult:
@@ -587,6 +602,14 @@ class BurstResult:
             first_step=o.integer("first_step", 0, _U63, optional=True),
             group=_group(o.text("group", 64, optional=True), f"{where}.group"),
             rank=o.integer("rank", 0, MAX_RANKS, optional=True),
+            flops_per_step=o.number("flops_per_step", 0.0, _BIG, optional=True),
+            flops_dtype=o.text("flops_dtype", 32, optional=True),
+            flops_device=o.text("flops_device", 16, optional=True),
+            device_name=o.text("device_name", NAME, optional=True),
+            flop_step_ms=o.number("flop_step_ms", 0.0, _BIG, optional=True),
+            cpu_peak_flops=o.number("cpu_peak_flops", 0.0, _BIG, optional=True),
+            cpu_peak_ms=o.number("cpu_peak_ms", 0.0, _BIG, optional=True),
+            flops_note=o.text("flops_note", TEXT, optional=True),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -645,10 +668,26 @@ class BurstResult:
             rss_after_bytes=self.rss_after_bytes,
             rss_growth_since_first_bytes=self.rss_growth_since_first_bytes,
         )
-        for key in ("start_step", "first_step", "group", "rank"):  # present only when set (older readers)
+        for key in ("start_step", "first_step", "group", "rank", *FLOP_FIELDS):  # only when set (older readers)
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
+
+
+FLOP_FIELDS = (
+    "flops_per_step",
+    "flops_dtype",
+    "flops_device",
+    "device_name",
+    "flop_step_ms",
+    "cpu_peak_flops",
+    "cpu_peak_ms",
+    "flops_note",
+)
+"""The :class:`BurstResult` fields of the FLOP count (:mod:`torchwatch.hook.flops`): FLOPs of one
+step (its warmup step, counted with a dispatch mode), their dominant dtype, the device kind and
+name, that step's duration, ms, and on a CPU the matmul peak measured once, FLOP/s, and how long
+measuring it took, ms; ``flops_note`` says why there is no count."""
 
 
 def _group(name: str | None, where: str) -> str | None:
@@ -888,6 +927,164 @@ class RankInfo:
         return out
 
 
+# -- torch.compile's health (torchwatch.hook.compiled) --------------------------------------------
+COMPILE_KINDS = ("recompile", "graph_break", "cache_limit")
+"""What a compile event is: a frame compiled again because a guard failed, a graph break (the
+frame runs in pieces, the code between them eagerly), or a frame that hit the recompile limit
+(torch runs it eagerly from then on)."""
+
+COMPILE_CAUSES = (
+    "shape",
+    "dtype",
+    "device",
+    "stride",
+    "requires_grad",
+    "tensor",
+    "value",
+    "length",
+    "type",
+    "object",
+    "training",
+    "global_state",
+    "freed",
+    "item",
+    "print",
+    "data_dependent",
+    "unsupported",
+    "other",
+)
+"""Why, in one word: the guard that failed (``shape`` of a tensor, ``value`` of a Python scalar,
+``training`` flag, ...) or what broke the graph (``item``, ``print``, ``data_dependent``, ...)."""
+
+MAX_COMPILE_EVENTS = 8  # distinct events kept, the most recent
+MAX_COMPILE_SPANS = 32  # compile intervals kept, the most recent
+PATH = 1024  # file paths in compile events
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """One compile event, in the user's words (:func:`torchwatch.hook.compiled.guard_words`).
+
+    Attributes:
+        kind: one of :data:`COMPILE_KINDS`. cause: one of :data:`COMPILE_CAUSES`.
+        words: what happened, e.g. ``shape of x changed 32→17 (dim 0)``.
+        reason: torch's own reason (the failed guard, or the graph break's first line), clipped.
+        hint: torch's hint for a graph break (``Hint:`` line), when it gives one.
+        file / line: where in the user's code: the call of the compiled code that recompiled, or
+            the line that broke the graph; ``None`` when not found.
+        code: that line's source, stripped. function: the compiled function's name.
+        count: times seen (events of one kind, cause, place and words are one).
+        t: when last seen, monotonic s (the compile's start when known).
+    """
+
+    kind: str
+    cause: str
+    words: str
+    reason: str = ""
+    hint: str | None = None
+    file: str | None = None
+    line: int | None = None
+    code: str | None = None
+    function: str | None = None
+    count: int = 1
+    t: float = 0.0
+
+    @property
+    def where(self) -> str | None:
+        """``train.py:88`` (the file's name and the line), ``None`` when not known."""
+        if self.file is None:
+            return None
+        name = self.file.rsplit("/", 1)[-1]
+        return name if self.line is None else f"{name}:{self.line}"
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> CompileEvent:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            kind=o.text("kind", 16, choices=COMPILE_KINDS),
+            cause=o.text("cause", 16, choices=COMPILE_CAUSES),
+            words=o.text("words", TEXT),
+            reason=o.text("reason", TEXT, optional=True) or "",
+            hint=o.text("hint", TEXT, optional=True),
+            file=o.text("file", PATH, optional=True),
+            line=o.integer("line", 0, 1 << 31, optional=True),
+            code=o.text("code", NAME, optional=True),
+            function=o.text("function", NAME, optional=True),
+            count=o.integer("count", 1, _U63),
+            t=o.number("t", 0.0, _TIME_MAX),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CompileInfo:
+    """What ``torch.compile`` did in the training, read from what torch keeps (no ``TORCH_LOGS``):
+    ``torch._dynamo.utils.counters``, its compilation metrics and graph-break reasons.
+
+    Attributes:
+        frames: frames compiled (``counters["frames"]["ok"]``). graphs: graphs made
+            (``counters["stats"]["unique_graphs"]``).
+        recompiles: compiles of a frame already compiled (a guard failed), so far.
+        graph_breaks: graph breaks met while compiling, so far (a break is met once per compile,
+            then costs every step that runs that code).
+        cache_limit_hits: frames that hit the recompile limit: torch runs them eagerly from then on.
+        compile_s: seconds spent compiling so far (forward and backward graphs).
+        spans: the last :data:`MAX_COMPILE_SPANS` compile intervals, ``(start, end)`` monotonic s:
+            a step that overlaps one is a step that compiled.
+        events: the last :data:`MAX_COMPILE_EVENTS` distinct events, oldest first.
+        recompile_limit: ``torch._dynamo.config.recompile_limit`` (``cache_size_limit`` before
+            torch 2.6), ``None`` when not read.
+        t: when the hook read all this, monotonic s.
+    """
+
+    frames: int = 0
+    graphs: int = 0
+    recompiles: int = 0
+    graph_breaks: int = 0
+    cache_limit_hits: int = 0
+    compile_s: float = 0.0
+    spans: tuple[tuple[float, float], ...] = ()
+    events: tuple[CompileEvent, ...] = ()
+    recompile_limit: int | None = None
+    t: float = 0.0
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> CompileInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        spans = []
+        for v, w in o.items("spans", MAX_COMPILE_SPANS):
+            if not isinstance(v, list) or len(v) != 2:
+                raise WireError(f"{w}: expected [start, end]")
+            t0, t1 = (_number(x, 0.0, _TIME_MAX, w) for x in v)
+            if t1 < t0:
+                raise WireError(f"{w}: ends before it starts")
+            spans.append((t0, t1))
+        return cls(
+            frames=o.integer("frames", 0, _U63),
+            graphs=o.integer("graphs", 0, _U63),
+            recompiles=o.integer("recompiles", 0, _U63),
+            graph_breaks=o.integer("graph_breaks", 0, _U63),
+            cache_limit_hits=o.integer("cache_limit_hits", 0, _U63),
+            compile_s=o.number("compile_s", 0.0, _TIME_MAX),
+            spans=tuple(spans),
+            events=tuple(CompileEvent.decode(v, w) for v, w in o.items("events", MAX_COMPILE_EVENTS)),
+            recompile_limit=o.integer("recompile_limit", 0, _U63, optional=True),
+            t=o.number("t", 0.0, _TIME_MAX),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (``spans`` as ``[[start, end], ...]``)."""
+        out = dict(self.__dict__)
+        out["spans"] = [list(s) for s in self.spans]
+        out["events"] = [e.to_json() for e in self.events]
+        return out
+
+
 @dataclass(frozen=True)
 class HookRecord:
     """Everything ``hook.json`` holds: who publishes (the process instance), the burst
@@ -913,6 +1110,9 @@ class HookRecord:
         gpu_settings: TF32, cuDNN, compile, optimizer and allocator settings as read; added.
         threads: the CPU threads the training asks for (intra-op, inter-op, ``OMP_NUM_THREADS``);
             added.
+        trial: the last live trial of a setting (:class:`torchwatch.hook.trialspec.TrialState`),
+            ``None`` before the first; added.
+        compile: what ``torch.compile`` did (:class:`CompileInfo`), ``None`` before it compiled; added.
     """
 
     instance: Instance
@@ -936,6 +1136,8 @@ class HookRecord:
     devices: tuple[DeviceMemory, ...] = ()
     gpu_settings: GpuSettings | None = None
     threads: ThreadSettings | None = None
+    trial: Any = None  # trialspec.TrialState | None (that module imports this one)
+    compile: CompileInfo | None = None
 
     @classmethod
     def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
@@ -972,6 +1174,8 @@ class HookRecord:
             devices=tuple(DeviceMemory.decode(v, w) for v, w in o.items("devices", MAX_DEVICES)),
             gpu_settings=_opt(o.d.get("gpu_settings"), f"{where}.gpu_settings", GpuSettings.decode),
             threads=_opt(o.d.get("threads"), f"{where}.threads", ThreadSettings.decode),
+            trial=_opt(o.d.get("trial"), f"{where}.trial", _trial_state),
+            compile=_opt(o.d.get("compile"), f"{where}.compile", CompileInfo.decode),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -1001,7 +1205,17 @@ class HookRecord:
             **({"devices": [d.to_json() for d in self.devices]} if self.devices else {}),
             **({} if self.gpu_settings is None else {"gpu_settings": self.gpu_settings.to_json()}),
             **({} if self.threads is None else {"threads": self.threads.to_json()}),
+            **({} if self.trial is None else {"trial": self.trial.to_json()}),
+            **({} if self.compile is None else {"compile": self.compile.to_json()}),
         }
+
+
+def _trial_state(value: object, where: str) -> Any:
+    """A live trial's state (:class:`torchwatch.hook.trialspec.TrialState`; imported here, not at
+    the top: that module builds on this one)."""
+    from torchwatch.hook.trialspec import TrialState
+
+    return TrialState.decode(value, where)
 
 
 def _pid_item(v: object, where: str) -> int:

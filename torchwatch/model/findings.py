@@ -13,14 +13,23 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Fix:
-    """A change to make: what (title) and to what, why (detail)."""
+    """A change to make: what (title) and to what, why (detail).
+
+    Attributes:
+        trial: ``SETTING=VALUE`` when the fix can be tried on the running training
+            (``torchwatch trial PID SETTING=VALUE``, or ``t`` in the TUI), else ``None``.
+    """
 
     title: str
     detail: str
+    trial: str | None = None
 
     def to_json(self) -> dict[str, str]:
-        """The fix as ``{"title", "detail"}``."""
-        return {"title": self.title, "detail": self.detail}
+        """The fix as ``{"title", "detail"}``, with ``"trial"`` when it can be tried live."""
+        d = {"title": self.title, "detail": self.detail}
+        if self.trial:
+            d["trial"] = self.trial
+        return d
 
 
 @dataclass(frozen=True)

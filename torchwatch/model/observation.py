@@ -18,9 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from torchwatch.hook.wire import AmpInfo, BurstResult, GpuSettings, LoaderInfo, RankInfo, Refusal
+from torchwatch.hook.trialspec import TrialState
+from torchwatch.hook.wire import AmpInfo, BurstResult, CompileInfo, GpuSettings, LoaderInfo, RankInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
 from torchwatch.model.hang import HangView
+from torchwatch.model.peaks import FlopRate
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
 
 __all__ = [
@@ -48,7 +50,7 @@ __all__ = [
 @dataclass(frozen=True)
 class FeatureSpec:
     """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
-    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``), source (``py-spy``, ``proc``, ``psutil``, ``psi``,
+    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``, ``TFLOP/s``), source (``py-spy``, ``proc``, ``psutil``, ``psi``,
     ``diskstats``, ``vmstat``, ``nvml``, ``gpm``, ``hook``, ``burst``, joined by ``+``) and what it
     measures (one line)."""
 
@@ -373,6 +375,10 @@ class RankView:
             ``None`` before it has steps. verdict / findings: its own diagnosis.
         rank_info: who it says it is in its job (rank, local rank, job key), as its hook
             published it; ``None`` without a hook reading.
+        compile: what ``torch.compile`` did in it (frames, recompiles and why, graph breaks,
+            recompile-limit hits, compile time), ``None`` before it compiled.
+        flop_rate: its achieved FLOP/s and MFU from its last burst's FLOP count over its median
+            step time (:func:`torchwatch.model.peaks.flop_rate`), ``None`` without a count.
     """
 
     rank: int
@@ -388,6 +394,8 @@ class RankView:
     verdict: Verdict | None = None
     findings: tuple[Finding, ...] = ()
     rank_info: RankInfo | None = None
+    compile: CompileInfo | None = None
+    flop_rate: FlopRate | None = None
 
 
 @dataclass(frozen=True)
@@ -461,6 +469,8 @@ class Observation:
         own_usage: what watching cost so far.
         hang: the last hang the stall / hang recorder made (a stall once the training stepped
             again); ``None`` when none.
+        trials: the live trials of a setting seen on the focus rank while watching
+            (:class:`torchwatch.hook.trialspec.TrialState`, oldest first, at most 16).
     """
 
     t: float
@@ -484,6 +494,7 @@ class Observation:
     own_usage: SelfUsage = field(default_factory=SelfUsage)
     sampling: SamplingView = field(default_factory=SamplingView)
     hang: HangView | None = None
+    trials: tuple[TrialState, ...] = ()
 
     @property
     def focus(self) -> RankView:

@@ -85,6 +85,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:.0f} s"
     if unit == "flag":
         return "yes" if value else "no"
+    if unit == "TFLOP/s":
+        return f"{value:.3g} TFLOP/s"
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
 
 

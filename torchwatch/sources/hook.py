@@ -335,25 +335,46 @@ class HookReader:
         if not ok:
             return False, why
         rec = self.record()
-        if rec is None or self.dir is None:
+        if rec is None:
             return False, self.reason
-        request = wire.BurstRequest.from_request(params)
+        sent, message = self._send(wire.BurstRequest.from_request(params).to_json(), rec)
+        if not sent:
+            return False, message
+        count = rec.burst.count if rec.burst is not None else 0
+        return True, f"burst #{count + 1} requested from PID {self.pid}"
+
+    def request_trial(self, request: dict[str, Any]) -> tuple[bool, str]:
+        """Write a live trial's ``request.json`` (a :class:`~torchwatch.hook.trialspec.TrialRequest`
+        or a ``trial-stop`` as JSON) and send the hook's signal, after the same checks as a
+        burst's (the hook owns and catches its signal); the hook answers in ``record().trial``.
+
+        Returns:
+            ``(sent, message)``.
+        """
+        ok, why = self.burst_possible()
+        rec = self.record()
+        if rec is None:
+            return False, why
+        if not ok and not why.startswith("a burst is already"):
+            return False, why
+        return self._send(request, rec)
+
+    def _send(self, payload: dict[str, Any], rec: wire.HookRecord) -> tuple[bool, str]:
+        """Write ``payload`` as ``request.json`` and signal the hook of ``rec``."""
+        if self.dir is None:
+            return False, self.reason
         try:
             fd = self._open()
             try:
                 # A new file of ours (root's, when root runs torchwatch), renamed into place:
                 # nothing of the target user's is opened for writing or chown'ed.
-                publish.write_atomic(fd, wire.REQUEST_FILE, publish.encode_json(request.to_json()), 0o644)
+                publish.write_atomic(fd, wire.REQUEST_FILE, publish.encode_json(payload), 0o644)
             finally:
                 os.close(fd)
         except (OSError, ValueError) as exc:
             return False, f"cannot write {self.dir / wire.REQUEST_FILE}: {getattr(exc, 'strerror', None) or exc}"
         assert self.instance is not None
-        sent, message = send_burst_signal(self.pid, self.instance, rec.signal)
-        if not sent:
-            return False, message
-        count = rec.burst.count if rec.burst is not None else 0
-        return True, f"burst #{count + 1} requested from PID {self.pid}"
+        return send_burst_signal(self.pid, self.instance, rec.signal)
 
 
 def send_burst_signal(pid: int, expect: wire.Instance, signum: int) -> tuple[bool, str]:

@@ -17,6 +17,7 @@ from torchwatch.analysis import views
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import CATALOGUE, thread_states
 from torchwatch.analysis.store import Store
+from torchwatch.hook.trialspec import TrialState
 from torchwatch.hook.wire import HookRecord
 from torchwatch.model.errors import shell_status
 from torchwatch.model.hang import HangView
@@ -32,6 +33,7 @@ from torchwatch.model.observation import (
     TargetView,
     VerdictChange,
 )
+from torchwatch.model.peaks import FlopRate, flop_rate
 from torchwatch.model.readings import HookState, SourceStatus, Status, ThreadSample
 from torchwatch.model.text import escape_all
 from torchwatch.model.units import amp_words
@@ -41,6 +43,9 @@ NO_HOOK = "no hook in the process: start the training with torchwatch run"
 NO_CUDA = "the training has not initialised CUDA"  # and the hook never creates a context (hook/gpu.py)
 NO_HOOK_MEMORY = "no hook in the process: device memory comes from the in-process hook"
 NOT_PUBLISHED = "the hook has not published device memory"
+
+
+MAX_TRIALS = 16  # live trials kept for the report (a trial takes up to minutes: 16 is a long session)
 
 
 class Trends:
@@ -56,6 +61,18 @@ class Trends:
         self.keep = keep
         self._lock = threading.Lock()
         self._series: dict[str, deque[tuple[float, float]]] = {}
+        self._trials: dict[int, TrialState] = {}
+
+    def note_trial(self, state: object) -> tuple[TrialState, ...]:
+        """Keep the latest state of each live trial seen (by id, the last :data:`MAX_TRIALS`);
+        returns them, oldest first."""
+        with self._lock:
+            if isinstance(state, TrialState):
+                self._trials.pop(state.id, None)
+                self._trials[state.id] = state
+                while len(self._trials) > MAX_TRIALS:
+                    del self._trials[next(iter(self._trials))]
+            return tuple(self._trials.values())
 
     def add(self, t: float, values: Mapping[str, float | None]) -> None:
         """Append ``values`` measured at ``t`` (monotonic s); ``None`` is skipped, and a point
@@ -287,6 +304,8 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         main_states=main_states,
         worker_states=worker_states,
         rank_info=rec.rank if rec is not None else None,
+        compile=rec.compile if rec is not None else None,
+        flop_rate=rank_flop_rate(rec, steps.p50_ms),
     )
     ranks, focus_rank = _rank_views(store, tick, short.threads, rank)
     gpus = tuple(views.gpu_rows(long.gpus))
@@ -313,6 +332,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         own_usage=tick.own_usage,
         hang=tick.hang,
         sampling=tick.sampling,
+        trials=trends.note_trial(rec.trial if rec is not None else None),
     )
 
 
@@ -352,8 +372,22 @@ def _rank_views(
             verdict=verdict,
             findings=findings,
             rank_info=rec.rank if rec is not None else None,
+            compile=rec.compile if rec is not None else None,
+            flop_rate=rank_flop_rate(rec, reading.step_ms),
         )
     return out, focus_rank
+
+
+def rank_flop_rate(rec: HookRecord | None, step_ms: float | None) -> FlopRate | None:
+    """A rank's achieved FLOP/s and MFU: its last burst's FLOP count over ``step_ms`` (its median
+    step, ms), against the peak of the math its settings allow (TF32 or not)."""
+    if rec is None or rec.burst is None:
+        return None
+    s = rec.gpu_settings
+    tf32 = None
+    if s is not None and (s.float32_matmul_precision is not None or s.matmul_allow_tf32 is not None):
+        tf32 = s.float32_matmul_precision in ("high", "medium") or bool(s.matmul_allow_tf32)
+    return flop_rate(rec.burst.last, step_ms, tf32)
 
 
 def _with_series(steps: StepsView, trends: Trends) -> StepsView:

@@ -16,7 +16,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -28,6 +28,7 @@ from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store, Window
 from torchwatch.hook.wire import RankInfo
 from torchwatch.model import files
+from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.observation import (
     ChildProcess,
     Observation,
@@ -38,6 +39,7 @@ from torchwatch.model.observation import (
     VerdictChange,
 )
 from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
+from torchwatch.model.trials import Outcome
 from torchwatch.sources import Source
 from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
 from torchwatch.sources.nvml import NvmlSource
@@ -698,6 +700,24 @@ class Session:
         if reader is None:
             return False, "no training process found yet"
         return reader.request_burst(params)
+
+    def try_setting(self, assignment: str, stopped: Callable[[], int | None] = lambda: None) -> Outcome:
+        """Run a live trial of ``assignment`` (``SETTING=VALUE``) on the watched training (every
+        rank of its job), blocking until it ends (:func:`torchwatch.watch.trials.run_trial`); the
+        samplers go back to the fast cadence to watch it.
+
+        Raises:
+            UsageError: a setting or value the trial does not take.
+            TorchwatchError: no hook, or nothing could be sent.
+        """
+        from torchwatch.watch.trials import plan_trial, readers_for, run_trial
+
+        self.wake(f"a live trial of {assignment} was asked for")
+        reader = self.hook.reader()
+        if reader is None:
+            raise TorchwatchError("no training process found yet", "wait for the training's first steps")
+        readers = readers_for(reader.pid)
+        return run_trial(readers, plan_trial(readers, assignment), stopped=stopped)
 
     def final(self) -> Analysis:
         """The verdict to report: the last one made while the target ran (or a fresh one)."""

@@ -10,6 +10,8 @@ thread that it starts on mount and joins on unmount gets the session's
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,6 +29,7 @@ from textual.widgets import DataTable, Footer, Log, OptionList, Static, TabbedCo
 
 from torchwatch.faces import report
 from torchwatch.faces.hang import notice
+from torchwatch.faces.trial import outcome_lines
 from torchwatch.faces.tui import render
 from torchwatch.faces.tui.feed import LogTail, Reader
 from torchwatch.faces.tui.messages import LogRead, ObservationRead, ReaderFailed
@@ -43,10 +46,13 @@ from torchwatch.faces.tui.widgets import (
     VerdictPanel,
     show_text,
 )
+from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.observation import ChildProcess, Observation
 from torchwatch.model.text import escape_all
+from torchwatch.model.trials import Outcome
 
 STOP_POLL_S = 0.2  # how soon a stop signal ends the app (the report follows)
+TRIAL_END_WAIT_S = 7.0  # on exit: the trial-stop wait (5 s) and a poll
 PANELS = ("gpu", "processes", "stacks", "steps", "burst", "memory", "log", "ranks")
 NAVIGATION_HELP = (
     ("tab / shift+tab", "move between the findings, the panel tabs and the panel's rows"),
@@ -72,6 +78,15 @@ class Watched(Protocol):
 
     def request_burst(self) -> tuple[bool, str]:
         """Ask the focus rank's hook for a profiler burst: ``(sent, message)``."""
+        ...
+
+    def try_setting(self, assignment: str, stopped: Callable[[], int | None]) -> Outcome:
+        """Run a live trial of ``assignment`` (``SETTING=VALUE``) on the training, blocking until
+        it ends; ``stopped`` returns non-``None`` when the app is leaving (the trial is ended).
+
+        Raises:
+            TorchwatchError: the trial could not be asked for (the message says why).
+        """
         ...
 
 
@@ -104,6 +119,12 @@ class WatchApp(App[None]):
         Binding("q", "quit", "Quit", tooltip="quit (run: asks whether to stop the training too)"),
         Binding("question_mark", "help", "Keys", key_display="?", tooltip="this list of keys"),
         Binding("b", "burst", "Burst", tooltip="profile a few training steps with torch.profiler (needs the hook)"),
+        Binding(
+            "t",
+            "trial",
+            "Try fix",
+            tooltip="try the highlighted finding's fix on the training (on/off blocks of steps), then put it back",
+        ),
         Binding("p", "pause", "Pause", tooltip="pause / resume the display (sampling and analysis go on)"),
         Binding("e", "export", "Report", tooltip="write the JSON report to torchwatch-report-PID-TIME.json here"),
         Binding("left", "panel(-1)", "Previous panel", show=False),
@@ -140,6 +161,9 @@ class WatchApp(App[None]):
         self._reader: Reader | None = None
         self._pending: Observation | None = None
         self._held_lines: deque[str] = deque(maxlen=2000)
+        self._trial_running: str | None = None  # the setting a live trial is trying now
+        self._leaving = False  # set on exit: a running trial is ended (the old value put back)
+        self._trial_ended = threading.Event()
 
     def get_line_filters(self) -> Sequence[LineFilter]:
         """Textual's line filters; with ``NO_COLOR`` set, no colour at all (no-color.org: "prevents
@@ -216,7 +240,11 @@ class WatchApp(App[None]):
             self.exit()
 
     def on_unmount(self) -> None:
-        """Join the reader thread (the session's samplers belong to the caller)."""
+        """Join the reader thread (the session's samplers belong to the caller); a live trial is
+        ended and its old value read back first (at most :data:`TRIAL_END_WAIT_S`)."""
+        self._leaving = True
+        if self._trial_running is not None:
+            self._trial_ended.wait(TRIAL_END_WAIT_S)
         if self._reader is not None:
             self._reader.stop()
 
@@ -338,7 +366,26 @@ class WatchApp(App[None]):
         """``b`` is greyed out in the footer while a burst cannot be asked for."""
         if action == "burst":
             return True if self.observation is not None and self.observation.focus.burst.possible else None
+        if action == "trial":
+            return True if self._trial_assignment()[0] is not None else None
         return True
+
+    def _trial_assignment(self) -> tuple[str | None, str]:
+        """The live fix of the highlighted finding (``SETTING=VALUE``), or ``None`` and why not."""
+        if self._trial_running is not None:
+            return None, f"a trial of {self._trial_running} is running"
+        if self.observation is None or not self.observation.focus.steps.steps:
+            return None, "no step measured yet (the trial needs the hook's step times)"
+        findings = self.query_one(FindingsList)
+        i = findings.highlighted
+        obs_findings = self.observation.findings
+        finding = obs_findings[i] if i is not None and 0 <= i < len(obs_findings) else None
+        if finding is None:
+            return None, "no finding highlighted"
+        for fx in finding.fixes:
+            if fx.trial:
+                return fx.trial, ""
+        return None, f"no fix of {finding.rule} can be tried live"
 
     def on_key(self, event: events.Key) -> None:
         """Any key sends the session's samplers back to the fast cadence (someone is looking: the
@@ -350,6 +397,8 @@ class WatchApp(App[None]):
         if event.key == "b" and self.check_action("burst", ()) is None:
             reason = self.observation.focus.burst.reason if self.observation else "no reading yet"
             self.notify(f"burst unavailable: {reason}", severity="warning", markup=False)
+        if event.key == "t" and self.check_action("trial", ()) is None:
+            self.notify(f"no live trial: {self._trial_assignment()[1]}", severity="warning", markup=False)
 
     def action_burst(self) -> None:
         """Ask the hook for a profiler burst (the result appears in the Burst panel)."""
@@ -363,6 +412,41 @@ class WatchApp(App[None]):
         except Exception as exc:
             ok, message = False, f"burst request failed: {exc!r}"
         self.call_from_thread(self.notify, message, severity="information" if ok else "error", markup=False)
+
+    def action_trial(self) -> None:
+        """Try the highlighted finding's live fix (the result comes as a notification, and goes
+        to the report)."""
+        assignment, why = self._trial_assignment()
+        if assignment is None:
+            self.notify(f"no live trial: {why}", severity="warning", markup=False)
+            return
+        self._trial_running = assignment
+        self._trial_ended.clear()
+        self.refresh_bindings()
+        self.notify(f"trying {assignment} on the training (up to a minute); the old value is put back after",
+                    markup=False)  # fmt: skip
+        self._run_trial(assignment)
+
+    @work(thread=True, exclusive=True, group="trial")
+    def _run_trial(self, assignment: str) -> None:
+        try:
+            out = self.watched.try_setting(assignment, lambda: 15 if self._leaving else None)
+            lines = outcome_lines(out)
+            message, severity = "\n".join(lines[:2] + [ln for ln in lines if "NOT put back" in ln]), "information"
+        except TorchwatchError as exc:
+            message, severity = f"no trial: {exc.one_line()}", "error"
+        except Exception as exc:  # a trial must never take the app down
+            message, severity = f"trial failed: {exc!r}", "error"
+        finally:
+            self._trial_ended.set()
+        if not self._leaving:
+            with contextlib.suppress(Exception):  # the app may be closing
+                self.call_from_thread(self._trial_done, message, severity)
+
+    def _trial_done(self, message: str, severity: str) -> None:
+        self._trial_running = None
+        self.refresh_bindings()
+        self.notify(message, severity=severity, timeout=20, markup=False)  # type: ignore[arg-type]
 
     def action_pause(self) -> None:
         """Freeze the display; sampling and analysis go on."""

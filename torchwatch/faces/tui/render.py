@@ -12,6 +12,7 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
+from torchwatch.faces.compile import compile_summary, event_line, flop_line
 from torchwatch.faces.tui import views
 from torchwatch.hook.wire import LOADER_SETTINGS
 from torchwatch.model.findings import Finding
@@ -103,7 +104,8 @@ def finding_text(finding: Finding, catalogue: Mapping[str, FeatureSpec], verdict
     if finding.summary != verdict_summary:
         grid.add_row("", escape_markup(finding.summary))  # it may quote a process's name: never markup
     for fx in finding.fixes:
-        grid.add_row(Text("fix", style="bold green"), Text.assemble((f"{fx.title}: ", "green"), fx.detail))
+        live = ((f"  [t: try {fx.trial} live]", "bold cyan"),) if fx.trial else ()
+        grid.add_row(Text("fix", style="bold green"), Text.assemble((f"{fx.title}: ", "green"), fx.detail, *live))
     grid.add_row(
         Text("evidence", style="dim"),
         Text(evidence_line(finding, catalogue), style="dim", no_wrap=True, overflow="ellipsis"),
@@ -176,6 +178,8 @@ def fixes_text(finding: Finding) -> Text:
         text.append("fix: ", style="bold green")
         text.append(f"{fx.title}\n", style="green")
         text.append(f"  {fx.detail}\n")
+        if fx.trial:
+            text.append(f"  try it live: t on the finding, or torchwatch trial PID {fx.trial}\n", style="cyan")
     if not finding.fixes:
         text.append("no fix: this finding explains, it does not prescribe\n", style="dim")
     text.append(f"threshold source: {finding.source}", style="dim")
@@ -305,6 +309,14 @@ def steps_text(obs: Observation) -> Text:
     storage = storage_line(obs.features)
     if storage:
         text.append("\n" + storage, style="dim")
+    flops = flop_line(obs.focus.flop_rate)
+    if flops:
+        text.append("\n" + flops)
+    head = compile_summary(obs.focus.compile)
+    if head and obs.focus.compile is not None:
+        text.append("\n" + head, style="dim")
+        for event in obs.focus.compile.events[-3:]:
+            text.append("\n  " + event_line(event), style="yellow")
     for err in steps.errors:
         text.append(f"\nhook error: {err}", style="red")
     return text

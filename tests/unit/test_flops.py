@@ -1,0 +1,158 @@
+"""FLOPs per step counted in the burst's warmup step (issue 33): within 10 % of the analytic count for
+an MLP, a conv net and a transformer block; the CPU's measured peak (tests/unit/test_peaks.py: the
+dense peak table, FLOP/s and MFU without torch)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from torchwatch.hook import burst, flops, wire
+from torchwatch.model import peaks
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+def _mlp() -> tuple[Any, Any, float]:
+    b, dims = 64, [(256, 512), (512, 512), (512, 10)]
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    fwd = sum(2 * b * i * o for i, o in dims)
+    # backward: the weights' gradients (as much as forward) and the inputs' gradients of every
+    # layer but the first (its input needs none)
+    return model, torch.randn(b, 256), 2 * fwd + sum(2 * b * i * o for i, o in dims[1:])
+
+
+def _conv() -> tuple[Any, Any, float]:
+    n, hw = 16, 32 * 32
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+    )  # fmt: skip
+    c1, c2, lin = 2 * n * hw * 16 * 3 * 9, 2 * n * hw * 32 * 16 * 9, 2 * n * 32 * 10
+    return model, torch.randn(n, 3, 32, 32), 3 * (c1 + c2 + lin) - c1
+
+
+def _block() -> tuple[Any, Any, float]:
+    d, heads, t, n = 128, 4, 64, 8
+    model = nn.TransformerEncoderLayer(d, heads, dim_feedforward=4 * d, batch_first=True, dropout=0.0)
+    linear = 2 * n * t * (d * 3 * d + d * d + d * 4 * d + 4 * d * d)  # qkv, out, two feed-forward
+    attention = 2 * n * t * t * d * 2  # Q·Kᵀ and A·V
+    return model, torch.randn(n, t, d), 3 * (linear + attention) - 2 * n * t * d * 3 * d
+
+
+@pytest.mark.parametrize("make", [_mlp, _conv, _block], ids=["mlp", "conv", "transformer-block"])
+def test_flops_of_a_training_step_are_within_10_percent_of_the_analytic_count(make: Any) -> None:
+    torch.manual_seed(0)
+    model, x, analytic = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step, note = flops.FlopStep.start(torch)
+    assert step is not None and note is None
+    model(x).sum().backward()
+    opt.step()
+    out = step.stop(1e9)
+    assert out["flops_per_step"] == pytest.approx(analytic, rel=0.10)
+    assert (out["flops_dtype"], out["flops_device"]) == ("float32", "cpu")
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    assert _get_current_dispatch_mode() is None  # the mode is gone
+
+
+def test_higher_order_operators_run_as_they_are_under_the_count() -> None:
+    def branch(x: Any) -> Any:
+        return torch.cond(x.sum() > 0, lambda t: t @ t, lambda t: t * 2, (x,))
+
+    x = torch.eye(4)
+    step, _ = flops.FlopStep.start(torch)
+    assert step is not None
+    out = branch(x)  # without supports_higher_order_operators: NotImplementedError in the training
+    counted = step.stop(1.0)
+    assert torch.equal(out, x @ x) and counted["flops_per_step"] == 0.0  # a HOP's inside is not counted
+
+
+def test_a_mode_of_the_trainings_on_top_is_never_popped() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    class Theirs(TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    step, _ = flops.FlopStep.start(torch)
+    assert step is not None
+    theirs = Theirs()
+    theirs.__enter__()
+    assert "dispatch mode of its own" in step.stop(1.0)["flops_note"] and step.on
+    assert _get_current_dispatch_mode() is theirs
+    theirs.__exit__(None, None, None)
+    out = step.stop(2.0)  # next boundary: ours is on top again and leaves; the count stays void
+    assert not step.on and "flops_per_step" not in out and "dispatch mode" in out["flops_note"]
+
+
+class _Profile:
+    def __init__(self, **kw: Any) -> None:
+        self.step_num = 0
+
+    def start(self) -> None: ...
+    def step(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _burster(monkeypatch: pytest.MonkeyPatch) -> burst.Burster:
+    fake = SimpleNamespace(
+        profiler=SimpleNamespace(profile=_Profile, schedule=lambda **kw: lambda n: None,
+                                 ProfilerActivity=SimpleNamespace(CPU="cpu", CUDA="cuda")),
+        autograd=SimpleNamespace(_profiler_enabled=lambda: False),
+        cuda=SimpleNamespace(is_initialized=lambda: False),
+        ops=torch.ops, get_num_threads=torch.get_num_threads, randn=torch.randn, empty=torch.empty, mm=torch.mm,
+        no_grad=torch.no_grad, float32=torch.float32, bfloat16=torch.bfloat16, float16=torch.float16,
+        float64=torch.float64,
+    )  # fmt: skip
+    b = burst.Burster(fake, wire.Instance(123, 4567, 1), lambda: False, lambda: None, lambda n: [], lambda: None)
+    monkeypatch.setattr(b, "_finish", lambda now: setattr(b, "state", "summarizing"))
+    return b
+
+
+def test_the_burst_counts_its_warmup_step_and_measures_the_cpu_peak_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x, analytic = _mlp()
+    b = _burster(monkeypatch)
+    assert b.request(wire.BurstRequest(), 100.0, True, "signal")
+    b.on_step(100.0, 5)  # the profiler starts: its warmup step is counted
+    assert b._flop is not None
+    model(x).sum().backward()
+    b.on_step(100.2, 6)
+    b._cancel_timer()
+    out = b._flop_out
+    assert b._flop is None and out["flops_per_step"] == pytest.approx(analytic, rel=0.10)
+    assert out["flop_step_ms"] == pytest.approx(200.0) and out["cpu_peak_flops"] > 1e8 and out["cpu_peak_ms"] > 0
+    decoded = wire.BurstResult.decode({"id": 1, **out}, "burst")
+    assert decoded.flops_per_step == out["flops_per_step"] and decoded.to_json()["cpu_peak_flops"] > 0
+
+
+def test_flops_off_by_environment_or_without_a_warmup_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = _burster(monkeypatch)
+    monkeypatch.setenv(flops.ENV, "0")
+    assert b.request(wire.BurstRequest(), 100.0, True, "signal")
+    b.on_step(100.0, 5)
+    b._cancel_timer()
+    assert b._flop is None and b._flop_out == {"flops_note": "FLOPs not counted: TORCHWATCH_FLOPS=0"}
+    monkeypatch.delenv(flops.ENV)
+    b = _burster(monkeypatch)
+    assert b.request(wire.BurstRequest(warmup=0), 100.0, True, "signal")
+    b.on_step(100.0, 5)
+    b._cancel_timer()
+    assert b._flop is None and "no warmup step" in b._flop_out["flops_note"]
+
+
+def test_a_cpu_rate_is_against_its_measured_peak_and_says_so() -> None:
+    measured = flops.cpu_peak(torch, "float32")
+    assert measured is not None and measured[0] > 1e8
+    assert flops.cpu_peak(torch, "float32") == measured  # once per process
+    last = wire.BurstResult(1, flops_per_step=1e9, flops_dtype="float32", flops_device="cpu",
+                            device_name="AMD EPYC", cpu_peak_flops=measured[0])  # fmt: skip
+    rate = peaks.flop_rate(last, 20.0)
+    assert rate is not None and rate.measured_peak and rate.mfu == pytest.approx(50e9 / measured[0])
+    assert rate.peak_text.startswith("measured float32 matmul peak of this CPU")
+    unmeasured = peaks.flop_rate(wire.BurstResult(1, flops_per_step=1e9, flops_device="cpu"), 20.0)
+    assert unmeasured is not None and unmeasured.mfu is None and unmeasured.why

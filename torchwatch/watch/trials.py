@@ -1,0 +1,198 @@
+"""Running a live trial of a setting on a hooked training or job, from torchwatch's side.
+
+torchwatch plans the blocks from the step time it reads, writes the same request to every rank's
+hook (the same ``id`` and, for several ranks, the same ``start_step``, so every rank switches at
+the same step), sends the burst signal, then reads each rank's published
+:class:`~torchwatch.hook.trialspec.TrialState` until all have ended. The hook runs the trial and
+puts the old value back by itself; torchwatch only asks. When torchwatch is stopped (SIGTERM,
+SIGINT, SIGHUP) while a trial runs, it asks every rank to end the trial (``trial-stop``) and waits
+for their old values to be read back, at most :data:`STOP_WAIT_S`, before it goes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from torchwatch.hook import trialspec as ts
+from torchwatch.model.errors import TorchwatchError, UsageError
+from torchwatch.model.trials import Outcome, Plan
+from torchwatch.sources.hook import NO_HOOK_HINT, HookReader
+from torchwatch.watch.job import find_job
+
+__all__ = ["BLOCK_S", "STOP_WAIT_S", "check_assignment", "plan_trial", "readers_for", "run_trial"]
+
+BLOCK_S = 2.0  # a block's length, s: long enough that a block's mean steadies, short enough for 8+ in 60 s
+STOP_WAIT_S = 5.0  # after a stop signal: how long torchwatch waits for the old values to be read back
+START_MARGIN_STEPS = 3  # several ranks start this many steps after the furthest one (the request's travel time)
+POLL_S = 0.2
+
+
+def readers_for(pid: int) -> list[HookReader]:
+    """The hook readers of ``pid``: every rank when it is a rank or the launcher of a job
+    (the same trial on all of them), else ``pid`` alone.
+
+    Raises:
+        TorchwatchError: no process has a hook.
+    """
+    job = find_job(pid)
+    pids = [m.pid for m in job.ranks] if job.is_job else [pid]
+    readers = [HookReader(p) for p in pids]
+    hooked = [r for r in readers if r.record() is not None]
+    if not hooked:
+        reason = readers[0].reason or f"no hook in PID {pid}"
+        raise TorchwatchError(f"no trial: {reason}", NO_HOOK_HINT)
+    return hooked
+
+
+def _typical_step(readers: Sequence[HookReader]) -> tuple[float | None, int]:
+    """The median of the last 20 steps' durations over the readers, s, and the furthest step count."""
+    durations: list[float] = []
+    furthest = 0
+    for reader in readers:
+        snap = reader.counters()
+        if snap is None:
+            continue
+        furthest = max(furthest, snap.steps)
+        durations += [e[1] for e in snap.entries[-20:] if e[1] > 0]
+    if not durations:
+        return None, furthest
+    durations.sort()
+    return durations[len(durations) // 2], furthest
+
+
+def check_assignment(
+    assignment: str, *, block_steps: int | None = None, max_s: float = 60.0, allow_numerics: bool = False
+) -> tuple[ts.Setting, str]:
+    """The setting and value text of ``assignment`` (``SETTING=VALUE``), checked before anything
+    is read or sent.
+
+    Raises:
+        UsageError: not ``SETTING=VALUE``, an unknown setting or value, a setting never tried live,
+            a precision setting without ``allow_numerics``, ``block_steps`` or ``max_s`` out of range.
+    """
+    try:
+        setting, _value, text = ts.parse_assignment(assignment)
+    except ValueError as exc:
+        raise UsageError(str(exc), "e.g. threads=2 or num_workers=4; torchwatch trial --help lists them") from None
+    if setting.refused is not None:
+        raise UsageError(f"{setting.name} is not tried live: {setting.refused}", "change it in the script")
+    if setting.numerics == "precision" and not allow_numerics:
+        raise UsageError(
+            f"{setting.name} changes the precision of the training's arithmetic (what it computes)",
+            "add --allow-numerics to try it anyway",
+        )
+    if not 5 <= max_s <= 600:
+        raise UsageError(f"--max-s must be 5 to 600, not {max_s:g}", "a trial is bounded")
+    if block_steps is not None and not 2 <= block_steps <= 1000:
+        raise UsageError(f"--steps must be 2 to 1000, not {block_steps}", "steps per block")
+    return setting, text
+
+
+def plan_trial(
+    readers: Sequence[HookReader],
+    assignment: str,
+    *,
+    block_steps: int | None = None,
+    max_s: float = 60.0,
+    keep: bool = False,
+    allow_numerics: bool = False,
+    target: float = 0.05,
+    rng: random.Random | None = None,
+) -> Plan:
+    """The request for ``assignment`` (``SETTING=VALUE``) on the processes of ``readers``.
+
+    Blocks last about :data:`BLOCK_S` s (from the median step), at least 5 steps; a fifth of
+    each, 1 to 5 steps, is dropped after each switch. Several ranks start
+    :data:`START_MARGIN_STEPS` after the furthest rank's step.
+
+    Raises:
+        UsageError: not ``SETTING=VALUE``, an unknown setting or value, a precision setting
+            without ``allow_numerics``, a setting never tried live, bad ``block_steps``/``max_s``.
+        TorchwatchError: no step measured yet (steps mode: blocks cannot be planned).
+    """
+    setting, text = check_assignment(assignment, block_steps=block_steps, max_s=max_s, allow_numerics=allow_numerics)
+    typical, furthest = _typical_step(readers)
+    if block_steps is None:
+        if typical is None:
+            if setting.mode == ts.STEPS:
+                raise TorchwatchError("no step measured yet: blocks cannot be planned", "try again in a few steps")
+            block_steps = 10
+        else:
+            block_steps = max(5, min(1000, math.ceil(BLOCK_S / typical)))
+    warmup = max(1, min(5, block_steps // 5))
+    start = furthest + START_MARGIN_STEPS if len(readers) > 1 and setting.mode == ts.STEPS else None
+    rid = (rng or random.SystemRandom()).randint(1, 1 << 31)
+    req = ts.TrialRequest(
+        id=rid, setting=setting.name, value=text, block_steps=block_steps, warmup=warmup, max_s=max_s,
+        target=target, keep=keep, allow_numerics=allow_numerics, start_step=start,
+    )  # fmt: skip
+    return Plan(req, typical)
+
+
+def run_trial(
+    readers: Sequence[HookReader],
+    plan: Plan,
+    *,
+    stopped: Callable[[], int | None] = lambda: None,
+    on_progress: Callable[[dict[int, ts.TrialState | None]], None] | None = None,
+    wait_extra_s: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Outcome:
+    """Send ``plan`` to every reader's hook and wait until every rank's trial ended.
+
+    Args:
+        stopped: returns the stop signal torchwatch received, or ``None``; when set, the trial is
+            ended on every rank (``trial-stop``) and their states read for :data:`STOP_WAIT_S`.
+        on_progress: called after each poll with the states so far.
+        wait_extra_s: seconds past the request's ``max_s`` to wait for the hooks' last states.
+
+    Raises:
+        TorchwatchError: the request could be sent to no process.
+    """
+    out = Outcome(plan)
+    payload = plan.request.to_json()
+    for reader in readers:
+        sent, message = reader.request_trial(payload)
+        if not sent:
+            out.not_sent[reader.pid] = message
+        else:
+            out.states[reader.pid] = None
+    if not out.states:
+        reasons = "; ".join(f"PID {p}: {m}" for p, m in out.not_sent.items())
+        raise TorchwatchError(f"no trial: {reasons}", "start the training with torchwatch run, or attach to it")
+    live = {r.pid: r for r in readers if r.pid in out.states}
+    deadline = time.monotonic() + plan.request.max_s + wait_extra_s
+    stop_deadline: float | None = None
+    while live:
+        for pid, reader in list(live.items()):
+            rec = reader.record()
+            if rec is None:
+                out.exited.append(pid)
+                del live[pid]
+                continue
+            if rec.rank is not None and rec.rank.rank is not None:
+                out.ranks[pid] = rec.rank.rank
+            st = rec.trial
+            if isinstance(st, ts.TrialState) and st.id == plan.request.id:
+                out.states[pid] = st
+                if st.finished:
+                    del live[pid]
+        if on_progress is not None:
+            on_progress(dict(out.states))
+        if not live:
+            break
+        now = time.monotonic()
+        signum = stopped()
+        if signum is not None and stop_deadline is None:
+            out.stopped_by = signum
+            stop = {"kind": ts.TRIAL_STOP_KIND, "id": plan.request.id}
+            for reader in live.values():
+                reader.request_trial(stop)
+            stop_deadline = now + STOP_WAIT_S
+        if (stop_deadline is not None and now >= stop_deadline) or now >= deadline:
+            break
+        sleep(POLL_S)
+    return out
