@@ -45,6 +45,11 @@ class Tmux:
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "tw")
 
+    def history(self) -> str:
+        """The pane and the 500 lines above it (the report printed after the app is longer than
+        24 rows), wrapped lines joined."""
+        return self("capture-pane", "-p", "-J", "-S", "-500", "-t", "tw")
+
     def wait_for(self, found: Callable[[str], bool], seconds: float, also: Callable[[], None] = lambda: None) -> str:
         deadline = time.monotonic() + seconds
         screen = ""
@@ -102,7 +107,8 @@ def test_tui_in_tmux_shows_the_verdict_and_q_stops_everything(tmp_path: Path) ->
         asked = tmux.wait_for(lambda s: "still running" in s, 10.0, collect)
         assert "y: stop the training" in asked, asked
         tmux("send-keys", "-t", "tw", "y")
-        done = tmux.wait_for(lambda s: "TW_EXIT=" in s, 40.0)
+        tmux.wait_for(lambda s: "TW_EXIT=" in s, 40.0)
+        done = tmux.history()
         assert "TW_EXIT=0" in done, done  # a stop torchwatch was asked for is no failure
         assert "-> dataloader-bound" in done, done  # the final report, printed after the app
         left = {pid for pid in tree if alive(pid)}
