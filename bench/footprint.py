@@ -62,7 +62,7 @@ def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int, inte
     def loop() -> None:
         while not stop.is_set():
             t0 = time.monotonic()
-            s.store.add(src.sample(t0))
+            s.store.add(s.read(src, t0))  # py-spy and the hook read the session's focus process
             stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
 
     if name == "threads":
@@ -152,7 +152,7 @@ def session_shares(seconds: float, pid: int, warmup: float = 0.0) -> dict[str, f
     end = t0 + seconds
     while time.monotonic() < end:
         time.sleep(1.0)
-        sampling.append(s.cadence.mode)
+        sampling.append(s.pacer.cadence.mode)
     after = {name: _thread_cpu_s(tid) for name, tid in threads.items()}
     wall = time.monotonic() - t0
     py_spy = s.pyspy.cpu_s - p0

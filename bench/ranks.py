@@ -36,7 +36,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchwatch.hook import wire  # noqa: E402
+from torchwatch import wire  # noqa: E402
 from torchwatch.sources.hook import HookReader  # noqa: E402
 from torchwatch.watch.lifecycle import hook_env  # noqa: E402
 

@@ -176,8 +176,9 @@ class Run:
         if exc_type is None:
             self._final()
 
-    def train(self, loader: Iterable[Any], step: Callable[[Any], torch.Tensor], seconds: float) -> None:
-        """Run ``step(batch)`` over ``loader`` (epoch after epoch) for ``seconds``.
+    def train(self, loader: Iterable[Any], step: Callable[[Any], torch.Tensor], seconds: float, steps: int = 0) -> None:
+        """Run ``step(batch)`` over ``loader`` (epoch after epoch) for ``seconds``, or until
+        ``steps`` steps when that is > 0 and comes first.
 
         ``step`` returns the loss tensor; it is only read (``.item()``, which
         synchronizes on CUDA) when a progress line is printed.
@@ -199,7 +200,7 @@ class Run:
                         rate = (self.steps - last_steps) / (now - last_t)
                         self._say(f"step {self.steps}, {rate:.1f} steps/s, loss {loss:.4f}")
                         last_t, last_steps = now, self.steps
-                    if now >= deadline:
+                    if now >= deadline or self.steps == steps:
                         return
         finally:
             # Stop DataLoader worker processes now, not at interpreter exit.

@@ -86,3 +86,11 @@ def dataloader_demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Watc
     second = next((x for x in tmp.glob("dataloader_bound-*.json") if x != first), None)
     assert first is not None and second is not None, (plain.stderr[-2000:], relieved.stderr[-2000:])
     return plain, relieved, first, second
+
+
+@pytest.fixture(scope="session")
+def cpu_bound_demo_run(tmp_path_factory: pytest.TempPathFactory) -> Watched:
+    """``cpu_bound`` watched for 20 s, its --duration stopping it, once for the whole session: its
+    label (test_demos) and what a --duration stop leaves (test_lifecycle) are read from the same
+    run instead of each watching its own (10 s saved)."""
+    return watch_demo(tmp_path_factory.mktemp("cpu_bound_demo"), "cpu_bound")

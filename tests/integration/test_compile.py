@@ -61,11 +61,16 @@ class Watch:
 
 
 WARM = (  # each scenario's compiles, made once before it is timed (the events' recompiles included)
-    ("compile_shapes", ("--change-after", "2"), 10.0),
-    ("compile_item_break", (), 6.0),
-    ("compile_limit", ("--change-after", "2"), 14.0),
-    ("compile_clean", (), 6.0),
+    # the event at once and a few steps past it: compile_shapes goes through all of its batch sizes
+    # in 24 steps (one recompile makes the batch dimension dynamic), compile_limit hits the limit at
+    # its 8th tagged step; the others compile at their first step. By steps, not seconds: each
+    # stops as soon as its compiles are made (52 s for all four by seconds in CI, on 2 loaded cores).
+    ("compile_shapes", ("--change-after", "0", "--steps", "30")),
+    ("compile_item_break", ("--steps", "3")),
+    ("compile_limit", ("--change-after", "0", "--steps", "12")),
+    ("compile_clean", ("--steps", "3")),
 )
+WARM_LIMIT_S = 180.0  # one cold scenario's compiles: 18 s for compile_shapes' here (load 2)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,13 +84,13 @@ def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """
     cache = tmp_path_factory.mktemp("inductor")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache))
-    for scenario, args, seconds in WARM:
+    for scenario, args in WARM:
         proc = subprocess.Popen(
-            [sys.executable, str(SCEN / f"{scenario}.py"), "--device", "cpu", "--seconds", str(seconds), *args],
+            [sys.executable, str(SCEN / f"{scenario}.py"), "--device", "cpu", "--seconds", str(WARM_LIMIT_S), *args],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
-            proc.wait(seconds + 150)
+            proc.wait(WARM_LIMIT_S + 30)
         except subprocess.TimeoutExpired:
             pass
         finally:

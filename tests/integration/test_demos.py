@@ -18,10 +18,14 @@ CASES = [
 
 
 def _watched(request: pytest.FixtureRequest, tmp_path: Path, demo: str, *args: str) -> Watched:
-    """``demo`` watched for 20 s; dataloader_bound's two runs are shared with test_operations."""
+    """``demo`` watched for 20 s; dataloader_bound's two runs are shared with test_operations,
+    cpu_bound's plain run with test_lifecycle."""
     if demo == "dataloader_bound":
         runs: tuple[Watched, Watched, Path, Path] = request.getfixturevalue("dataloader_demo_runs")
         return runs[1] if "--relieve" in args else runs[0]
+    if demo == "cpu_bound" and not args:
+        shared: Watched = request.getfixturevalue("cpu_bound_demo_run")
+        return shared
     return watch_demo(tmp_path, demo, *args)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.integration.conftest import DEMO, REPO
+from tests.integration.conftest import DEMO, REPO, Watched
 
 pytestmark = pytest.mark.integration
 
@@ -258,16 +258,16 @@ def test_ctrl_c_in_a_terminal_reaches_the_training_once(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["ended_by"] == "SIGINT"
 
 
-def test_duration_is_a_stop_torchwatch_asked_for_exit_0(tmp_path: Path) -> None:
-    """The README's "as in CI" run: --duration stops the training and torchwatch exits 0."""
-    w = Watching(tmp_path / "r.json", CPU_BOUND, "--duration", "8")
-    try:
-        w.finish(timeout=120)
-    finally:
-        w.kill()
-    assert w.proc.returncode == 0, "".join(w.stderr[-20:])
-    data = w.report()
-    assert data["ended_by"] == "duration" and data["target"]["exit_code"] == 130  # the training saw SIGINT
+def test_duration_is_a_stop_torchwatch_asked_for_exit_0(cpu_bound_demo_run: Watched) -> None:
+    """The README's "as in CI" run: --duration stops the training and torchwatch exits 0. The
+    run is test_demos' cpu_bound one (``--duration 20``, the demo training 30 s)."""
+    import jsonschema
+
+    w = cpu_bound_demo_run
+    assert w.code == 0, w.stderr[-2000:]
+    assert w.report is not None, w.stderr[-2000:]
+    jsonschema.validate(w.report, json.loads(SCHEMA.read_text()))
+    assert w.report["ended_by"] == "duration" and w.report["target"]["exit_code"] == 130  # it saw SIGINT
 
 
 def test_json_on_stdout_stays_json_while_the_training_prints(tmp_path: Path) -> None:

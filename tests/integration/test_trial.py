@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import REPO, headless_run, torchwatch
-from torchwatch.hook import trialspec as ts
+from torchwatch import wire
 from torchwatch.sources.hook import HookReader
 from torchwatch.watch.lifecycle import hook_env
 from torchwatch.watch.trials import plan_trial, run_trial
@@ -26,6 +26,7 @@ from torchwatch.watch.trials import plan_trial, run_trial
 pytestmark = pytest.mark.integration
 TRAIN = REPO / "tests" / "scenarios" / "trial_train.py"
 DDP = REPO / "tests" / "integration" / "_ddp_train.py"
+READ_TWICE_S = 2 * 2.0 + 1.0  # two analysis ticks and a hook read at the steady cadence (watch/cadence.py)
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -70,10 +71,12 @@ def test_a_trial_on_a_run_training_is_measured_put_back_and_reported_and_a_stop_
     tmp_path: Path,
 ) -> None:
     out, settings = tmp_path / "report.json", tmp_path / "settings.jsonl"
-    train = [sys.executable, str(TRAIN), "--threads", "8", "--hidden", "512", "--seconds", "55",
+    # the training outlasts both trials on any machine, and is ended (SIGTERM, handled: it writes
+    # what it saw and exits 0) once they are checked: it used to run its 55 s out (58 s a test)
+    train = [sys.executable, str(TRAIN), "--threads", "8", "--hidden", "512", "--seconds", "240",
              "--settings-file", str(settings)]  # fmt: skip
     run = subprocess.Popen(
-        [sys.executable, "-m", "torchwatch", *headless_run(75, out, *train)],
+        [sys.executable, "-m", "torchwatch", *headless_run(300, out, *train)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -113,6 +116,12 @@ def test_a_trial_on_a_run_training_is_measured_put_back_and_reported_and_a_stop_
         assert rec is not None and rec.trial is not None
         assert (rec.trial.state, rec.trial.restored, rec.trial.now_value) == ("stopped", True, "700,10,10")
         assert "the trial was ended on every rank" in stdout
+        # torchwatch run must have read the stopped trial before the training (and its hook's files)
+        # goes: the hook is read every 1 s and the rules every 2 s at the steady cadence (the
+        # slowest), so two analysis ticks and a read: 5 s. Then the training ends (SIGTERM, handled)
+        # and torchwatch writes its report.
+        time.sleep(READ_TWICE_S)
+        os.kill(pid, signal.SIGTERM)
         run.communicate(timeout=120)
     finally:
         _end(run)
@@ -143,7 +152,7 @@ def test_fifty_trials_in_a_row_put_every_value_back_change_no_loss_and_leak_noth
         for i in range(50):
             plan = plan_trial([reader], settings_[i % 3], block_steps=4, max_s=5.0)
             req = plan.request
-            plan = type(plan)(ts.TrialRequest(req.id, req.setting, req.value, 4, 1, 5.0, 0.05, 2, 4), 0.0)
+            plan = type(plan)(wire.TrialRequest(req.id, req.setting, req.value, 4, 1, 5.0, 0.05, 2, 4), 0.0)
             out = run_trial([reader], plan, wait_extra_s=60)
             st = out.states[proc.pid]
             assert st is not None and st.state == "done", (i, st)
@@ -174,8 +183,10 @@ def test_fifty_trials_in_a_row_put_every_value_back_change_no_loss_and_leak_noth
 
 def test_a_trial_reaches_a_training_torchwatch_attached_to(tmp_path: Path) -> None:
     settings = tmp_path / "settings.jsonl"
+    # ended by SIGTERM once the trial is checked (attach then ends with it and writes its report),
+    # not by running 60 s out under a 30 s watch
     proc = subprocess.Popen(
-        [sys.executable, str(TRAIN), "--threads", "8", "--hidden", "512", "--seconds", "60",
+        [sys.executable, str(TRAIN), "--threads", "8", "--hidden", "512", "--seconds", "240",
          "--settings-file", str(settings)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
@@ -184,7 +195,7 @@ def test_a_trial_reaches_a_training_torchwatch_attached_to(tmp_path: Path) -> No
         proc.stdout.readline()  # torch imported: the loop starts
         out = tmp_path / "attach.json"
         attach = subprocess.Popen(
-            [sys.executable, "-m", "torchwatch", "attach", "--headless", "--duration", "30", "--json", str(out),
+            [sys.executable, "-m", "torchwatch", "attach", "--headless", "--duration", "200", "--json", str(out),
              str(proc.pid)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -195,6 +206,7 @@ def test_a_trial_reaches_a_training_torchwatch_attached_to(tmp_path: Path) -> No
             assert res.code == 0, res.stderr
             trial = json.loads(t_json.read_text())["ranks"][0]["trial"]
             assert trial["restored"] is True and trial["old"] == "8", trial
+            proc.send_signal(signal.SIGTERM)
             attach.communicate(timeout=90)
         finally:
             _end(attach)

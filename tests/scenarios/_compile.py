@@ -14,6 +14,9 @@ event happens, so a test can time how soon torchwatch named it.
 
 from __future__ import annotations
 
+import argparse
+import itertools
+import json
 import os
 import time
 from collections.abc import Callable
@@ -67,21 +70,33 @@ def data(n: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x[:, :4].sum(1)
 
 
+def batch(x_all: torch.Tensor, y_all: torch.Tensor, i: int, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``i``'s ``size`` rows of inputs and targets (views, no copy)."""
+    j = (i * BATCH) % (len(x_all) - BATCH)
+    return x_all[j : j + size], y_all[j : j + size]
+
+
+def fit(opt: torch.optim.Optimizer, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One SGD step on the mean squared error of ``out`` against ``y``; the loss, detached."""
+    return sc.optimize(opt, torch.nn.functional.mse_loss(out, y))
+
+
+def change_after(parser: argparse.ArgumentParser) -> None:
+    """``--change-after S``: the scenario's event starts S s after its first step."""
+    parser.add_argument("--change-after", type=float, default=3.0, help="seconds after the first step (default 3)")
+
+
 STEPS_ENV = "COMPILE_SCENARIO_STEPS"
 """A path: the scenario writes each step's ``[end, duration]`` (monotonic s) there as JSON at its
 end (bench/compile_flops.py reads them)."""
 
 
-def train(
-    name: str,
-    seconds: float,
-    step: Callable[[int], torch.Tensor],
-    device: torch.device,
-) -> None:
-    """Run ``step(i)`` for ``seconds`` (the demos' Run: progress lines, SIGINT/SIGTERM handled)."""
-    import itertools
-    import json
-
+def loop(step: Callable[[int], torch.Tensor]) -> sc.Loop:
+    """``step(i)`` for i = 0, 1, ...; timed, and the times written at the end, where
+    :data:`STEPS_ENV` names a file."""
+    path = os.environ.get(STEPS_ENV)
+    if not path:
+        return sc.Loop(itertools.count(), step)
     times: list[tuple[float, float]] = []
 
     def timed(i: int) -> torch.Tensor:
@@ -91,11 +106,8 @@ def train(
         times.append((t1, t1 - t0))
         return out
 
-    path = os.environ.get(STEPS_ENV)
-    try:
-        with sc.Run(name, device) as run:
-            run.train(itertools.count(), timed if path else step, seconds)
-    finally:
-        if path:
-            with open(path, "w") as f:
-                json.dump(times, f)
+    def end() -> None:
+        with open(path, "w") as f:
+            json.dump(times, f)
+
+    return sc.Loop(itertools.count(), timed, end)

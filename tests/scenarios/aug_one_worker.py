@@ -12,11 +12,12 @@ precomputed tensor (still num_workers=1), so the producer costs nearly nothing.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
@@ -42,28 +43,11 @@ class Augmented(Dataset[tuple[torch.Tensor, int]]):
         return sc.heavy_augment(self.base[i], 2), i % 10
 
 
-def main(name: str = NAME, workers: int = WORKERS, doc: str | None = __doc__) -> None:
-    args = sc.parse_args(name, doc)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(name, device) as run:
-        loader = DataLoader(
-            Augmented(args.relieve),
-            batch_size=BATCH,
-            shuffle=True,
-            drop_last=True,
-            num_workers=workers,
-            persistent_workers=True,
-        )
-        model = sc.small_cnn().to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            x, y = sc.to_device(batch, device)
-            return sc.sgd_step(model, opt, x, y)
-
-        run.train(loader, step, args.seconds)
+def setup(args: argparse.Namespace, device: torch.device, workers: int = WORKERS) -> sc.Loop:
+    loader = sc.data_loader(Augmented(args.relieve), BATCH, workers, persistent_workers=True)
+    model = sc.small_cnn().to(device)
+    return sc.Loop(loader, sc.batch_steps(model, sc.adam(model), device))
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

@@ -11,14 +11,16 @@ precomputed tensor (still num_workers=2).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _scenario as sc
 import aug_one_worker
 
 EXPECTED = "dataloader-bound"
 NAME = "aug_two_workers"
 
 if __name__ == "__main__":
-    aug_one_worker.main(NAME, 2, __doc__)
+    sc.main(NAME, __doc__, functools.partial(aug_one_worker.setup, workers=2))

@@ -11,6 +11,7 @@ FLOPs in the hidden layers.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import sys
@@ -26,25 +27,15 @@ NAME = "big_cpu_matmul"
 N_SAMPLES, BATCH, DIM, WIDTH, CLASSES = 4096, 128, 1024, 2048, 10
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        x_all = torch.randn(N_SAMPLES, DIM)
-        y_all = x_all[:, :CLASSES].argmax(1)
-        w = WIDTH // 4 if args.relieve else WIDTH
-        model = nn.Sequential(
-            nn.Linear(DIM, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, CLASSES)
-        ).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-        def step(i: int) -> torch.Tensor:
-            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
-            return sc.sgd_step(model, opt, x, y)
-
-        run.train(itertools.count(), step, args.seconds)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    x_all = torch.randn(N_SAMPLES, DIM)
+    y_all = x_all[:, :CLASSES].argmax(1)
+    w = WIDTH // 4 if args.relieve else WIDTH
+    model = nn.Sequential(
+        nn.Linear(DIM, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, CLASSES)
+    ).to(device)
+    return sc.Loop(itertools.count(), sc.row_steps(model, sc.adam(model, 1e-4), x_all, y_all, BATCH, device))
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

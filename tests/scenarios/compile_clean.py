@@ -9,6 +9,7 @@ nothing about compiling (the first compile is no recompile).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -19,28 +20,20 @@ import _compile as cc
 import _scenario as sc
 
 NAME = "compile_clean"
-BATCH = cc.BATCH
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
     x_all, y_all = (t.to(device) for t in cc.data())
     model = cc.Net().to(device)
     compiled = model if args.relieve else torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step(i: int) -> torch.Tensor:
-        j = (i * BATCH) % (len(x_all) - BATCH)
-        loss = torch.nn.functional.mse_loss(compiled(x_all[j : j + BATCH]), y_all[j : j + BATCH])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        return loss.detach()
+        x, y = cc.batch(x_all, y_all, i)
+        return cc.fit(opt, compiled(x), y)
 
-    cc.train(NAME, args.seconds, step, device)
+    return cc.loop(step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

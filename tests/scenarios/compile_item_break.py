@@ -10,6 +10,7 @@ GPU) and the Python branch between them, every step.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -20,7 +21,6 @@ import _compile as cc
 import _scenario as sc
 
 NAME = "compile_item_break"
-BATCH = cc.BATCH
 
 
 class Rescaled(cc.Net):
@@ -37,27 +37,21 @@ class Rescaled(cc.Net):
         return self.head(h)
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
     x_all, y_all = (t.to(device) for t in cc.data())
     model = Rescaled(args.relieve).to(device)
     compiled = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step(i: int) -> torch.Tensor:
-        j = (i * BATCH) % (len(x_all) - BATCH)
-        loss = torch.nn.functional.mse_loss(compiled(x_all[j : j + BATCH]), y_all[j : j + BATCH])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
+        x, y = cc.batch(x_all, y_all, i)
+        loss = cc.fit(opt, compiled(x), y)
         if i == 0:  # the first step compiled the model: the graph break was met there
             cc.event(NAME, "the model compiled, in two graphs")
-        return loss.detach()
+        return loss
 
-    cc.train(NAME, args.seconds, step, device)
+    return cc.loop(step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

@@ -11,6 +11,7 @@ model eagerly. It starts ``--change-after`` seconds after the first step.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -22,7 +23,6 @@ import _compile as cc
 import _scenario as sc
 
 NAME = "compile_limit"
-BATCH = cc.BATCH
 
 
 class Tagged(cc.Net):
@@ -34,14 +34,7 @@ class Tagged(cc.Net):
         return super().forward(x) * self.scales.get(tag[:4], 1.0)
 
 
-def add_args(parser: object) -> None:
-    parser.add_argument("--change-after", type=float, default=3.0, help="seconds after the first step (default 3)")  # type: ignore[attr-defined]
-
-
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__, extra=add_args)
-    sc.seed()
-    device = torch.device(args.device)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
     x_all, y_all = (t.to(device) for t in cc.data())
     model = Tagged().to(device)
     compiled = torch.compile(model)
@@ -53,21 +46,17 @@ def main() -> None:
         if not first[0] and i:
             first[0] = time.monotonic()
         tagging = first[0] and time.monotonic() - first[0] >= args.change_after and not args.relieve
-        j = (i * BATCH) % (len(x_all) - BATCH)
-        x, y = x_all[j : j + BATCH], y_all[j : j + BATCH]
+        x, y = cc.batch(x_all, y_all, i)
         out = compiled(x, f"step{i}") if tagging else compiled(x)
-        loss = torch.nn.functional.mse_loss(out, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
+        loss = cc.fit(opt, out, y)
         if tagging:
             tags[0] += 1
             if tags[0] == limit:  # the untagged graph and limit - 1 tagged ones are cached: this call fell back
                 cc.event(NAME, f"the {limit}th tag: torch hit its recompile limit ({limit})")
-        return loss.detach()
+        return loss
 
-    cc.train(NAME, args.seconds, step, device)
+    return cc.loop(step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup, extra=cc.change_after)

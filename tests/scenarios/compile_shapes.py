@@ -15,6 +15,7 @@ costs on a fresh machine (1-3 s on a loaded 2-core one), run after run.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -30,41 +31,30 @@ BATCH = cc.BATCH
 SIZES = (1024, 800, 1024, 928, 1024, 704, 1024, 992)
 
 
-def add_args(parser: object) -> None:
-    parser.add_argument("--change-after", type=float, default=3.0, help="seconds after the first step (default 3)")  # type: ignore[attr-defined]
-
-
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__, extra=add_args)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
     cc.no_cache()  # every recompile costs what it costs on a fresh machine
-    sc.seed()
-    device = torch.device(args.device)
     x_all, y_all = (t.to(device) for t in cc.data())
     model = cc.Net().to(device)
     compiled = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    first = [0.0]
+    first, said = [0.0], [False]
 
     def step(i: int) -> torch.Tensor:
         if not first[0] and i:
             first[0] = time.monotonic()
         changing = first[0] and time.monotonic() - first[0] >= args.change_after
         size = SIZES[(i // 3) % len(SIZES)] if changing else BATCH
-        j = (i * BATCH) % (len(x_all) - BATCH)
-        x, y = x_all[j : j + size].clone(), y_all[j : j + size].clone()  # fresh tensors, as a DataLoader gives
+        x, y = (t.clone() for t in cc.batch(x_all, y_all, i, size))  # fresh tensors, as a DataLoader gives
         if args.relieve:
             torch._dynamo.mark_dynamic(x, 0)
-        if changing and size != BATCH and not getattr(step, "said", False):
-            step.said = True  # type: ignore[attr-defined]
+        if changing and size != BATCH and not said[0]:
+            said[0] = True
             cc.event(NAME, f"batch size {BATCH} -> {size}")
-        loss = torch.nn.functional.mse_loss(compiled(x), y)  # the call that recompiles
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        return loss.detach()
+        out = compiled(x)  # the call that recompiles
+        return cc.fit(opt, out, y)
 
-    cc.train(NAME, args.seconds, step, device)
+    return cc.loop(step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup, extra=cc.change_after)

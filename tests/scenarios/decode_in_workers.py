@@ -13,13 +13,14 @@ decoded tensor (still num_workers=2).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import zlib
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
@@ -68,28 +69,11 @@ class Compressed(Dataset[tuple[torch.Tensor, int]]):
         return decode(self.blobs[i % DISTINCT]), i % 10
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        loader = DataLoader(
-            Compressed(args.relieve),
-            batch_size=BATCH,
-            shuffle=True,
-            drop_last=True,
-            num_workers=2,
-            persistent_workers=True,
-        )
-        model = sc.small_cnn().to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            x, y = sc.to_device(batch, device)
-            return sc.sgd_step(model, opt, x, y)
-
-        run.train(loader, step, args.seconds)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    loader = sc.data_loader(Compressed(args.relieve), BATCH, 2, persistent_workers=True)
+    model = sc.small_cnn().to(device)
+    return sc.Loop(loader, sc.batch_steps(model, sc.adam(model), device))
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

@@ -13,6 +13,7 @@ per-sample ``.item()``).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import sys
@@ -42,29 +43,22 @@ def batched_loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((pred[:, 0] - y) ** 2 + 0.1 * (pred[:, 1] - 1.0).clamp(min=0.0)).mean()
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        x_all = torch.randn(N_SAMPLES, DIM)
-        y_all = x_all[:, :4].sum(1)
-        model = nn.Sequential(nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        log: list[float] = []
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    x_all = torch.randn(N_SAMPLES, DIM)
+    y_all = x_all[:, :4].sum(1)
+    model = nn.Sequential(nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
+    opt = sc.adam(model)
+    log: list[float] = []
 
-        def step(i: int) -> torch.Tensor:
-            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
-            pred = model(x)
-            loss = batched_loss(pred, y) if args.relieve else scalar_loss(pred, y, log)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            del log[:-1000]
-            return loss.detach()
+    def step(i: int) -> torch.Tensor:
+        x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
+        pred = model(x)
+        loss = sc.optimize(opt, batched_loss(pred, y) if args.relieve else scalar_loss(pred, y, log))
+        del log[:-1000]
+        return loss
 
-        run.train(itertools.count(), step, args.seconds)
+    return sc.Loop(itertools.count(), step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

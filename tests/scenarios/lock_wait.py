@@ -14,6 +14,8 @@ empty almost always) and never blocks.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import itertools
 import os
 import queue
@@ -25,8 +27,6 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import contextlib
-
 import _scenario as sc
 
 EXPECTED = "undetermined"
@@ -42,38 +42,33 @@ def server(model: nn.Module, out: queue.Queue, stop: threading.Event) -> None:
             out.put([r.clone() for r in ref], timeout=0.5)
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
     stop = threading.Event()
-    with sc.Run(NAME, device) as run:
-        x_all = torch.randn(N_SAMPLES, DIM)
-        y_all = x_all[:, :10].argmax(1)
-        model = nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        weights: queue.Queue = queue.Queue(maxsize=1)
-        helper = threading.Thread(target=server, args=(model, weights, stop), name="param-server", daemon=True)
-        helper.start()
+    x_all = torch.randn(N_SAMPLES, DIM)
+    y_all = x_all[:, :10].argmax(1)
+    model = nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
+    train = sc.row_steps(model, sc.adam(model), x_all, y_all, BATCH, device)
+    weights: queue.Queue = queue.Queue(maxsize=1)
+    helper = threading.Thread(target=server, args=(model, weights, stop), name="param-server", daemon=True)
+    helper.start()
 
-        def step(i: int) -> torch.Tensor:
-            try:
-                ref = weights.get_nowait() if args.relieve else weights.get()
-            except queue.Empty:
-                ref = None
-            if ref is not None:
-                with torch.no_grad():
-                    for p, r in zip(model.parameters(), ref, strict=False):
-                        p.mul_(0.99).add_(r, alpha=0.01)
-            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
-            return sc.sgd_step(model, opt, x, y)
-
+    def step(i: int) -> torch.Tensor:
         try:
-            run.train(itertools.count(), step, args.seconds)
-        finally:
-            stop.set()
-            helper.join(timeout=2)
+            ref = weights.get_nowait() if args.relieve else weights.get()
+        except queue.Empty:
+            ref = None
+        if ref is not None:
+            with torch.no_grad():
+                for p, r in zip(model.parameters(), ref, strict=False):
+                    p.mul_(0.99).add_(r, alpha=0.01)
+        return train(i)
+
+    def end() -> None:
+        stop.set()
+        helper.join(timeout=2)
+
+    return sc.Loop(itertools.count(), step, end)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

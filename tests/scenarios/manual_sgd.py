@@ -23,6 +23,7 @@ intra-op thread).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Iterator
@@ -67,9 +68,17 @@ def batches(stream: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]
         yield stream[i : i + BPTT], stream[i + 1 : i + 1 + BPTT].reshape(-1)
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
+class Epochs:
+    """Epoch after epoch of :func:`batches` over ``stream``."""
+
+    def __init__(self, stream: torch.Tensor) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return batches(self.stream)
+
+
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
     # One intra-op thread: on a shared 2-core machine a second OpenMP thread that loses its core
     # stalls every op at its barrier, and the steps/s this scenario prints would swing 5x.
     torch.set_num_threads(1)
@@ -94,13 +103,8 @@ def main() -> None:
             p.data.add_(p.grad, alpha=-LR)
         return loss.detach()
 
-    class Epochs:
-        def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            return batches(stream)
-
-    with sc.Run(NAME, torch.device("cpu")) as run:
-        run.train(Epochs(), step, args.seconds)
+    return sc.Loop(Epochs(stream), step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup, device="cpu")  # the CPU whatever --device says

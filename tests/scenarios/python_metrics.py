@@ -13,6 +13,7 @@ topk, bincount) once per step.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 import os
@@ -57,36 +58,29 @@ def torch_metrics(logits: torch.Tensor, y: torch.Tensor, table: torch.Tensor, hi
     return float((logits.topk(5, 1).indices == y[:, None]).any(1).float().mean())
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        x_all = torch.randn(N_SAMPLES, DIM)
-        y_all = (x_all[:, :CLASSES].argmax(1)).long()
-        model = nn.Sequential(nn.Linear(DIM, 128), nn.ReLU(), nn.Linear(128, CLASSES)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        table_py: dict = defaultdict(int)
-        hist_py: dict = defaultdict(int)
-        table_t = torch.zeros(CLASSES, CLASSES, dtype=torch.long)
-        hist_t = torch.zeros(10, dtype=torch.long)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    x_all = torch.randn(N_SAMPLES, DIM)
+    y_all = (x_all[:, :CLASSES].argmax(1)).long()
+    model = nn.Sequential(nn.Linear(DIM, 128), nn.ReLU(), nn.Linear(128, CLASSES)).to(device)
+    opt = sc.adam(model)
+    table_py: dict = defaultdict(int)
+    hist_py: dict = defaultdict(int)
+    table_t = torch.zeros(CLASSES, CLASSES, dtype=torch.long)
+    hist_t = torch.zeros(10, dtype=torch.long)
 
-        def step(i: int) -> torch.Tensor:
-            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
-            logits = model(x)
-            loss = F.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            with torch.no_grad():
-                if args.relieve:
-                    torch_metrics(logits.detach(), y, table_t, hist_t)
-                else:
-                    python_metrics(logits.detach(), y, table_py, hist_py)
-            return loss.detach()
+    def step(i: int) -> torch.Tensor:
+        x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
+        logits = model(x)
+        loss = sc.optimize(opt, F.cross_entropy(logits, y))
+        with torch.no_grad():
+            if args.relieve:
+                torch_metrics(logits.detach(), y, table_t, hist_t)
+            else:
+                python_metrics(logits.detach(), y, table_py, hist_py)
+        return loss
 
-        run.train(itertools.count(), step, args.seconds)
+    return sc.Loop(itertools.count(), step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

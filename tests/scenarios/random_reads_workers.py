@@ -15,13 +15,14 @@ and __getitem__ gathers the same records from memory (still num_workers=2).
 
 from __future__ import annotations
 
+import argparse
 import mmap
 import os
 import sys
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
@@ -56,30 +57,20 @@ class Records(Dataset[torch.Tensor]):
         return torch.frombuffer(self.reader.read(self.blocks[i], BLOCK), dtype=torch.uint8).view(READS, BLOCK)
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        loader = DataLoader(
-            Records(sc.data_file("scn_random_reads.bin", FILE_SIZE, NAME), args.relieve),
-            batch_size=BATCH,
-            shuffle=True,
-            drop_last=True,
-            num_workers=2,
-            persistent_workers=True,
-        )
-        model = nn.Sequential(nn.Linear(READS * 64, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    records = Records(sc.data_file("scn_random_reads.bin", FILE_SIZE, NAME), args.relieve)
+    loader = sc.data_loader(records, BATCH, 2, persistent_workers=True)
+    model = nn.Sequential(nn.Linear(READS * 64, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
+    opt = sc.adam(model)
 
-        def step(batch: torch.Tensor) -> torch.Tensor:
-            raw = sc.to_device(batch, device)
-            x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1) / 255.0
-            y = (x[:, :64].mean(1) > 0.5).long()
-            return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        raw = sc.to_device(batch, device)
+        x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1) / 255.0
+        y = (x[:, :64].mean(1) > 0.5).long()
+        return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
 
-        run.train(loader, step, args.seconds)
+    return sc.Loop(loader, step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

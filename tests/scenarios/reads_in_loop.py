@@ -16,6 +16,7 @@ and the loop gathers the same records from memory.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import mmap
 import os
@@ -33,36 +34,32 @@ NAME = "reads_in_loop"
 FILE_SIZE, BLOCK, READS, BATCH = 256 << 20, 4096, 8, 32
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        path = sc.data_file("scn_random_reads.bin", FILE_SIZE, NAME)
-        reader = sc.DirectReader(path, BATCH * READS * BLOCK, NAME)
-        ram = None
-        if args.relieve:
-            whole = sc.DirectReader(path, 8 << 20, NAME)
-            buf = mmap.mmap(-1, FILE_SIZE)
-            for off in range(0, FILE_SIZE, 8 << 20):
-                buf[off : off + (8 << 20)] = whole.read([off], 8 << 20)
-            ram = torch.frombuffer(buf, dtype=torch.uint8).view(-1, BLOCK)
-        g = torch.Generator().manual_seed(2)
-        model = nn.Sequential(nn.Linear(READS * 64, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    path = sc.data_file("scn_random_reads.bin", FILE_SIZE, NAME)
+    reader = sc.DirectReader(path, BATCH * READS * BLOCK, NAME)
+    ram = None
+    if args.relieve:
+        whole = sc.DirectReader(path, 8 << 20, NAME)
+        buf = mmap.mmap(-1, FILE_SIZE)
+        for off in range(0, FILE_SIZE, 8 << 20):
+            buf[off : off + (8 << 20)] = whole.read([off], 8 << 20)
+        ram = torch.frombuffer(buf, dtype=torch.uint8).view(-1, BLOCK)
+    g = torch.Generator().manual_seed(2)
+    model = nn.Sequential(nn.Linear(READS * 64, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)
+    opt = sc.adam(model)
 
-        def step(_: int) -> torch.Tensor:
-            blocks = torch.randint(FILE_SIZE // BLOCK, (BATCH * READS,), generator=g)
-            if ram is not None:
-                raw = ram[blocks]
-            else:  # the loop itself waits on each read
-                raw = torch.frombuffer(reader.read((blocks * BLOCK).tolist(), BLOCK), dtype=torch.uint8)
-            x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1).to(device) / 255.0
-            y = (x[:, :64].mean(1) > 0.5).long()
-            return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
+    def step(_: int) -> torch.Tensor:
+        blocks = torch.randint(FILE_SIZE // BLOCK, (BATCH * READS,), generator=g)
+        if ram is not None:
+            raw = ram[blocks]
+        else:  # the loop itself waits on each read
+            raw = torch.frombuffer(reader.read((blocks * BLOCK).tolist(), BLOCK), dtype=torch.uint8)
+        x = raw.view(BATCH, READS, 64, 64).float().mean(-1).flatten(1).to(device) / 255.0
+        y = (x[:, :64].mean(1) > 0.5).long()
+        return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
 
-        run.train(itertools.count(), step, args.seconds)
+    return sc.Loop(itertools.count(), step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

@@ -17,12 +17,13 @@ in the loop.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
@@ -60,32 +61,25 @@ class Chunks(Dataset[torch.Tensor]):
         return data[::STRIDE].clone() if self.subsample else data
 
 
-def main(name: str = NAME, doc: str | None = __doc__, workers: int = 0, batch: int = BATCH) -> None:
+def setup(
+    args: argparse.Namespace, device: torch.device, name: str = NAME, workers: int = 0, batch: int = BATCH
+) -> sc.Loop:
     """Train on the file's chunks with ``workers`` DataLoader workers, ``batch`` samples a step."""
-    args = sc.parse_args(name, doc)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(name, device) as run:
-        loader = DataLoader(
-            Chunks(sc.data_file("scn_sequential.bin", FILE_SIZE, name), args.relieve, subsample=workers > 0),
-            batch_size=batch,
-            shuffle=False,  # sequential through the file
-            drop_last=True,
-            num_workers=workers,
-        )
-        model = nn.Sequential(nn.Linear(FEAT, 128), nn.ReLU(), nn.Linear(128, 2)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    chunks = Chunks(sc.data_file("scn_sequential.bin", FILE_SIZE, name), args.relieve, subsample=workers > 0)
+    loader = sc.data_loader(chunks, batch, workers, shuffle=False)  # sequential through the file
+    model = nn.Sequential(nn.Linear(FEAT, 128), nn.ReLU(), nn.Linear(128, 2)).to(device)
+    opt = sc.adam(model)
 
-        def step(batch: torch.Tensor) -> torch.Tensor:
-            raw = sc.to_device(batch, device)  # (BATCH, SAMPLE) or, subsampled, (BATCH, SAMPLE // STRIDE) uint8
-            if raw.shape[1] == SAMPLE:
-                raw = raw[:, ::STRIDE]
-            x = raw.reshape(raw.shape[0], FEAT, 16).float().mean(-1) / 255.0
-            y = (x[:, :64].mean(1) > 0.5).long()
-            return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        raw = sc.to_device(batch, device)  # (BATCH, SAMPLE) or, subsampled, (BATCH, SAMPLE // STRIDE) uint8
+        if raw.shape[1] == SAMPLE:
+            raw = raw[:, ::STRIDE]
+        x = raw.reshape(raw.shape[0], FEAT, 16).float().mean(-1) / 255.0
+        y = (x[:, :64].mean(1) > 0.5).long()
+        return sc.sgd_step(model, opt, (x - 0.5) * 10, y)
 
-        run.train(loader, step, args.seconds)
+    return sc.Loop(loader, step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

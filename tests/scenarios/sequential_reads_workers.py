@@ -15,10 +15,12 @@ workers serve slices of it (same bytes per sample, no disk reads in the loop).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _scenario as sc
 import sequential_reads
 
 EXPECTED = "io-bound"
@@ -26,4 +28,4 @@ SUB_CAUSE = "storage-bandwidth"
 NAME = "sequential_reads_workers"
 
 if __name__ == "__main__":
-    sequential_reads.main(NAME, __doc__, workers=3, batch=8)
+    sc.main(NAME, __doc__, functools.partial(sequential_reads.setup, name=NAME, workers=3, batch=8))

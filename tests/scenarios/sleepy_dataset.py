@@ -12,13 +12,14 @@ reads nor the data pipeline's computation limits the step: it waits on a timer
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
@@ -42,21 +43,11 @@ class Remote(Dataset[tuple[torch.Tensor, int]]):
         return self.x[i], int(self.x[i, :10].argmax())
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        loader = DataLoader(Remote(args.relieve), batch_size=BATCH, shuffle=True, drop_last=True, num_workers=0)
-        model = nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            x, y = sc.to_device(batch, device)
-            return sc.sgd_step(model, opt, x, y)
-
-        run.train(loader, step, args.seconds)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    loader = sc.data_loader(Remote(args.relieve), BATCH)
+    model = nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
+    return sc.Loop(loader, sc.batch_steps(model, sc.adam(model), device))
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

@@ -10,6 +10,7 @@ pipeline limits the step.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import sys
@@ -26,25 +27,20 @@ NAME = "sleepy_loop"
 N_SAMPLES, BATCH, DIM, PAUSE = 8192, 64, 128, 0.05
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        x_all = torch.randn(N_SAMPLES, DIM)
-        y_all = x_all[:, :10].argmax(1)
-        model = nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    x_all = torch.randn(N_SAMPLES, DIM)
+    y_all = x_all[:, :10].argmax(1)
+    model = nn.Sequential(nn.Linear(DIM, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
+    train = sc.row_steps(model, sc.adam(model), x_all, y_all, BATCH, device)
 
-        def step(i: int) -> torch.Tensor:
-            x, y = sc.batch_at(x_all, y_all, i, BATCH, device)
-            loss = sc.sgd_step(model, opt, x, y)
-            if not args.relieve:
-                time.sleep(PAUSE)  # rate limiter
-            return loss
+    def step(i: int) -> torch.Tensor:
+        loss = train(i)
+        if not args.relieve:
+            time.sleep(PAUSE)  # rate limiter
+        return loss
 
-        run.train(itertools.count(), step, args.seconds)
+    return sc.Loop(itertools.count(), step)
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

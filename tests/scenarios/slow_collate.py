@@ -13,12 +13,13 @@ as the collate_fn.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _scenario as sc
@@ -63,28 +64,11 @@ def fast_collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor,
     return x, torch.tensor([s[1] for s in samples])
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        loader = DataLoader(
-            Rows(),
-            batch_size=BATCH,
-            shuffle=True,
-            drop_last=True,
-            num_workers=0,
-            collate_fn=fast_collate if args.relieve else slow_collate,
-        )
-        model = nn.Sequential(nn.Linear(PAD, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            x, y = sc.to_device(batch, device)
-            return sc.sgd_step(model, opt, x, y)
-
-        run.train(loader, step, args.seconds)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    loader = sc.data_loader(Rows(), BATCH, collate_fn=fast_collate if args.relieve else slow_collate)
+    model = nn.Sequential(nn.Linear(PAD, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    return sc.Loop(loader, sc.batch_steps(model, sc.adam(model), device))
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

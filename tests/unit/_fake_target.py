@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from torchwatch.hook import publish, wire
+from torchwatch import wire
 
 parser = argparse.ArgumentParser()
 parser.add_argument("base")
@@ -35,15 +35,16 @@ def on_signal(signum: int, frame: object) -> None:
 for sig in args.catch:
     signal.signal(sig, on_signal)
 inst = wire.self_instance()
-base_fd = publish.prepare_dir(Path(args.base))
-fd = publish.private_subdir(base_fd, inst.dir_name)
-counters = publish.Counters(fd, inst)
+base_fd = wire.prepare_dir(Path(args.base))
+fd = wire.private_subdir(base_fd, inst.dir_name)
+counters = wire.Counters(fd, inst)
 counters.step(time.monotonic(), None, 0.0)
 record = wire.HookRecord(inst, "3", "2.13", time.monotonic(), args.signal, True, burst=wire.BurstState())
-publish.write_atomic(fd, wire.STATE_FILE, publish.encode_json(record.to_json()))
+wire.write_atomic(fd, wire.STATE_FILE, wire.encode_json(record.to_json()))
 print(Path(args.base) / inst.dir_name, flush=True)
 sys.stdout.close()
+parent = os.getppid()
 while True:
     time.sleep(0.05)
-    if os.getppid() == 1:  # the test is gone
+    if os.getppid() != parent:  # the test is gone (re-parented: to init, or to a subreaper above it)
         break

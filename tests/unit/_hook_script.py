@@ -154,13 +154,14 @@ def main() -> None:
                 x = torch.tanh(x @ x.T / 64)
             time.sleep(0.01)
     elif MODE == "big_trace":
-        from torchwatch.hook import publish, summary
+        from torchwatch import wire
+        from torchwatch.hook import summary
 
         calls = []
         real_load = summary.load_trace
         summary.load_trace = lambda path: calls.append(path) or real_load(path)  # type: ignore[assignment]
-        fd = publish.open_dir(hook.dir, (os.geteuid(),), private=True)
-        publish.write_atomic(fd, "request.json", b'{"steps": 20, "max_bytes": 1}')  # 1 MB after clamping
+        fd = wire.open_dir(hook.dir, (os.geteuid(),), private=True)
+        wire.write_atomic(fd, "request.json", b'{"steps": 20, "max_bytes": 1}')  # 1 MB after clamping
         os.close(fd)
         os.kill(os.getpid(), signal.SIGUSR2)
 

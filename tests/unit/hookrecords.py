@@ -1,6 +1,6 @@
 """Typed hook records for tests: a partial ``hook.json`` filled out and run through the wire decoder.
 
-The hook publishes :class:`torchwatch.hook.wire.HookRecord`; tests give only the parts they are
+The hook publishes :class:`torchwatch.wire.HookRecord`; tests give only the parts they are
 about (``dataloaders``, ``amp``, ``burst``), the rest is filled with neutral values, and the whole
 goes through :meth:`HookRecord.decode` (the reader's strict checks), so a test never builds a
 record the real reader would refuse.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchwatch.hook import wire
+from torchwatch import wire
 
 LOADER_DEFAULTS = {"batches": 0, "wait_s": 0.0, "pin_memory": False, "persistent_workers": False}
 

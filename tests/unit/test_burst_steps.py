@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from torchwatch.hook import burst, wire
+from torchwatch import wire
+from torchwatch.hook import burst
 
 INST = wire.Instance(123, 4567, 4026531836)
 

@@ -3,6 +3,7 @@ training asks for, waiting for a CPU kept apart from computing, and where those 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -14,13 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_diagnosis import RULES, features
+from torchwatch import wire
 from torchwatch.analysis import diagnosis
 from torchwatch.analysis.diagnosis import Diagnoser, finding_order
 from torchwatch.analysis.features import compute
 from torchwatch.analysis.store import Window
-from torchwatch.hook import cpus, wire
+from torchwatch.hook.cpus import read_threads
 from torchwatch.model.readings import Role, ThreadSample, Wait
 from torchwatch.sources import proc
+from torchwatch.wire import cpus
 
 TICK = proc._CLK_TCK
 
@@ -93,6 +96,9 @@ def test_neighbours_are_what_neither_the_training_nor_torchwatch_uses(tmp_path: 
     assert top == ()
 
 
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
 def test_a_real_busy_process_is_named_with_its_cores() -> None:
     # started by a shell that exits at once: the busy process is no child of this one (a child
     # would be torchwatch's own), as a neighbour is not
@@ -104,7 +110,14 @@ def test_a_real_busy_process_is_named_with_its_cores() -> None:
         " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(hog.pid)",
     ]
-    pid = int(subprocess.run(spawn, capture_output=True, text=True, timeout=60, check=True).stdout)
+    # The suite makes its process the subreaper of everything below it (tests/conftest.py): the busy
+    # process would become this one's child, torchwatch's own in the scan. Not while it is started.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    try:
+        pid = int(subprocess.run(spawn, capture_output=True, text=True, timeout=60, check=True).stdout)
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def ticks() -> int:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -120,10 +133,14 @@ def test_a_real_busy_process_is_named_with_its_cores() -> None:
         foreign, own, top = scan.sample(t1, [])
         # what it used, however busy the machine is (other processes may take most of the CPUs)
         used = (after - before) / TICK / (t1 - t0)
-        named = next(n for n in top if n.pid == pid) if used >= 0.05 else None
+        named = next((n for n in top if n.pid == pid), None)
         if named is not None:
             assert named.cores == pytest.approx(used, abs=0.05)
             assert named.name.startswith("python")
+        elif used >= 0.05:
+            # left out only when the list is full of processes at least as busy (a loaded machine:
+            # the suite beside a benchmark lists other tests' trainings first)
+            assert len(top) >= proc.TOP_NEIGHBOURS and min(n.cores for n in top) >= used - 0.05, (used, top)
         assert foreign is not None and foreign >= used - 0.05
         assert own is not None and own < 0.5  # this test's own process sleeps
     finally:
@@ -191,11 +208,11 @@ def test_thread_settings_are_read_without_raising(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError("not built with threads")
 
     fake = types.SimpleNamespace(get_num_threads=lambda: 8, get_num_interop_threads=boom)
-    read = cpus.read_threads(fake)
+    read = read_threads(fake)
     assert (read.intra_op, read.inter_op, read.mkl_num_threads) == (8, None, None)
     assert read.omp_num_threads is not None and len(read.omp_num_threads) <= 32 and "\n" not in read.omp_num_threads
-    assert cpus.read_threads(types.SimpleNamespace(get_num_threads=lambda: 0)).intra_op is None
-    nothing = cpus.read_threads(object())
+    assert read_threads(types.SimpleNamespace(get_num_threads=lambda: 0)).intra_op is None
+    nothing = read_threads(object())
     assert (nothing.intra_op, nothing.inter_op) == (None, None)
     # what the hook publishes, the reader takes back
     assert wire.ThreadSettings.decode(read.to_json(), "threads") == read

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 
 import pytest
 
+from tests.unit.hookrecords import hook_record
+from torchwatch.analysis.diagnosis import Analysis
+from torchwatch.model.findings import Finding, Verdict
+from torchwatch.model.observation import Straggler
+from torchwatch.model.readings import HookState, Role, Status
 from torchwatch.watch.cadence import (
+    CHANGES_KEPT,
     FAST,
     REFERENCE_READINGS,
     SETTLE_EVALUATIONS,
     SHIFT_HOLD,
     STEADY,
+    Cadence,
     CadencePolicy,
     CadenceReading,
+    Pacer,
+    cadence_reading,
     fast_cadence,
     steady_cadence,
     until_tick,
@@ -237,3 +248,138 @@ def test_every_sampler_of_a_cadence_wakes_on_a_tick_of_the_fastest(steady: bool)
             now += until_tick(now, interval)
             on_finest = now / finest
             assert on_finest == pytest.approx(round(on_finest), abs=1e-6), (interval, now)
+
+
+# -- what one analysis tick tells the policy --------------------------------------------------------
+STEPPING = Analysis(
+    t=3.0,
+    features={"step_time_p50_ms": 250.0, "hook_steps_per_s": 4.0, "data_wait_fraction": 0.3},
+    findings=[
+        Finding("loop-sleeps", "undetermined", "info", "sleeps", 0.1, {}, (), ""),
+        Finding("loop-cpu", "cpu-bound", "critical", "The loop computes.", 0.8, {}, (), ""),
+    ],
+    verdict=Verdict("cpu-bound", 0.9, "The loop computes."),
+)
+IDLE = Verdict("undetermined", 0.3, "No resource is seen limiting the loop.")
+
+
+def reading_of(
+    analysis: Analysis,
+    hook: Status = Status.OK,
+    focus_hook: HookState | None = None,
+    roles: tuple[Role, ...] = (Role.LAUNCHER, Role.MAIN, Role.WORKER, Role.WORKER),
+    now: float = 100.0,
+) -> CadenceReading:
+    return cadence_reading(analysis, window_s=10.0, roles=roles, focus_hook=focus_hook, hook_status=hook, now=now)
+
+
+def test_the_reading_takes_the_verdict_its_finding_the_loop_and_the_tree() -> None:
+    r = reading_of(STEPPING)
+    assert (r.label, r.top_finding, r.confidence) == ("cpu-bound", "loop-cpu", 0.9)
+    assert r.step_time_s == 0.25 and r.steps == 40.0 and r.data_wait == 0.3
+    assert r.processes == (1, 2) and r.straggler is None and r.burst is None and not r.collecting
+    found = Straggler(1, 101, 0, 0.3, "critical", "data", 40.0, "dataloader-bound", "", None)
+    assert reading_of(replace(STEPPING, straggler=found)).straggler == 101
+    hook = HookState(99.0, 7, 8, 8, 0.0, 0.0, record=hook_record(7, burst={"state": "armed", "count": 2}))
+    assert reading_of(STEPPING, focus_hook=hook).burst == "armed:2"
+
+
+def test_the_reading_is_collecting_while_the_training_starts() -> None:
+    first = reading_of(Analysis(t=2.0, features={"data_wait_share": 0.5}))  # no verdict yet
+    assert first.collecting and first.top_finding is None and first.data_wait == 0.5
+    assert reading_of(Analysis(t=3.0, features={}, verdict=IDLE), hook=Status.STARTING).collecting
+    assert reading_of(Analysis(t=3.0, features={"hook_steps_per_s": 0.0}, verdict=IDLE)).collecting
+    assert not reading_of(Analysis(t=3.0, features={"hook_steps_per_s": 2.0}, verdict=IDLE)).collecting
+    importing = Analysis(t=3.0, features={"startup_share": 0.9}, verdict=IDLE)
+    assert reading_of(importing, hook=Status.UNAVAILABLE).collecting  # py-spy sees it import
+    assert not reading_of(replace(importing, features={"startup_share": 0.1}), hook=Status.UNAVAILABLE).collecting
+
+
+def test_the_reading_is_collecting_until_a_window_has_passed_since_the_first_step() -> None:
+    def first_step(t: float) -> HookState:
+        return HookState(99.0, 7, 8, 8, 0.0, 0.0, first_step_t=t)
+
+    assert reading_of(STEPPING, focus_hook=first_step(95.0), now=100.0).collecting
+    assert not reading_of(STEPPING, focus_hook=first_step(89.0), now=100.0).collecting
+    assert not reading_of(STEPPING, focus_hook=first_step(0.0), now=100.0).collecting  # not stepped: the hook rule
+
+
+# -- the pacer: the policy for the session's threads ----------------------------------------------
+class Sources:
+    """Stands for the session's sources: records every cadence applied to them."""
+
+    def __init__(self) -> None:
+        self.applied: list[Cadence] = []
+
+    def apply(self, c: Cadence) -> None:
+        self.applied.append(c)
+
+
+def settle(pacer: Pacer, now: float) -> None:
+    for _ in range(SETTLE_EVALUATIONS):
+        pacer.update(BASE, now)
+
+
+def test_the_pacer_applies_each_new_cadence_and_keeps_the_changes_and_the_steady_time() -> None:
+    sources = Sources()
+    pacer = Pacer(CadencePolicy(), sources.apply, started=1000.0)
+    assert [c.mode for c in sources.applied] == [FAST] and pacer.generation == 1  # at once
+    settle(pacer, now=1012.0)
+    assert [c.mode for c in sources.applied] == [FAST, STEADY] and pacer.generation == 2
+    assert pacer.cadence.mode == STEADY and pacer.view(1015.0).steady_s == 3.0
+    pacer.wake("a key was pressed in the TUI", now=1020.0)
+    pacer.wake("a key was pressed in the TUI", now=1021.0)  # already fast: nothing applied
+    view = pacer.view(1030.0)
+    assert [c.mode for c in sources.applied] == [FAST, STEADY, FAST] and pacer.generation == 3
+    assert view.mode == FAST and view.steady_s == 8.0 and view.returns_to_fast == 1
+    assert [(c.t, c.mode) for c in view.changes] == [(12.0, STEADY), (20.0, FAST)]
+    assert view.changes[-1].reason == view.reason == "a key was pressed in the TUI"
+
+
+def test_the_pacer_keeps_the_last_changes_only() -> None:
+    pacer = Pacer(CadencePolicy(settle=1), Sources().apply, started=0.0)
+    for i in range(CHANGES_KEPT + 10):
+        pacer.update(BASE, float(i))
+        pacer.wake("flapping", float(i) + 0.5)
+    changes = pacer.view(1000.0).changes
+    assert len(changes) == CHANGES_KEPT and changes[-1].t == CHANGES_KEPT + 9.5
+
+
+def test_a_pacer_not_adaptive_stays_fast() -> None:
+    sources = Sources()
+    pacer = Pacer(CadencePolicy(), sources.apply, started=0.0, adaptive=False)
+    settle(pacer, now=12.0)
+    pacer.wake("a key was pressed in the TUI")
+    view = pacer.view(20.0)
+    assert [c.mode for c in sources.applied] == [FAST] and view.mode == FAST and view.changes == ()
+    assert view.reason == "adaptive cadence off"
+
+
+def test_a_nap_ends_when_the_cadence_changes_or_watching_stops() -> None:
+    pacer = Pacer(CadencePolicy(), Sources().apply, started=0.0)
+    stop = threading.Event()
+    napped: list[float] = []
+
+    def nap() -> None:
+        t0 = time.monotonic()
+        pacer.nap(20.0, stop)
+        napped.append(time.monotonic() - t0)
+
+    def settling() -> None:
+        settle(pacer, 12.0)
+
+    def stopping() -> None:
+        stop.set()
+        pacer.interrupt()
+
+    for end in (settling, stopping):
+        sleeper = threading.Thread(target=nap)
+        sleeper.start()
+        time.sleep(0.2)
+        end()
+        sleeper.join(5)
+        assert not sleeper.is_alive()
+    assert len(napped) == 2 and all(0.1 < s < 5.0 for s in napped)
+    t0 = time.monotonic()
+    pacer.nap(0.05, threading.Event())  # nothing happens: the whole nap
+    assert time.monotonic() - t0 >= 0.05

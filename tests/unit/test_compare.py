@@ -1,5 +1,7 @@
 """``torchwatch compare``: speedup, verdicts, settings, features that moved (on reports the real
-builder makes, edited as a change would), Markdown, and one-line refusals of anything else (exit 2)."""
+builder makes, edited as a change would, then decoded as a saved file is), Markdown, a report
+saved by a real watch, and one-line refusals of anything else (exit 2): not JSON, not a report,
+another major version, a key of the wrong type."""
 
 from __future__ import annotations
 
@@ -14,25 +16,48 @@ import pytest
 from tests.unit.test_report import analysed, features, observation
 from torchwatch.cli import main
 from torchwatch.faces import report
-from torchwatch.faces.compare import compare, load_report, render_markdown, render_text
+from torchwatch.faces.compare import Comparison, load_report, render_markdown, render_text
+from torchwatch.faces.compare import compare as compare_reports
+from torchwatch.model.report import Report
+from torchwatch.wire import LoaderInfo
+
+TODAY = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "today.json"
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> Comparison:
+    """:func:`compare_reports` of two reports' JSON objects, decoded as :func:`load_report` does."""
+    return compare_reports(Report.from_json(a), Report.from_json(b))
+
+
+def _loader(num_workers: int) -> dict[str, Any]:
+    loader = LoaderInfo(
+        num_workers=num_workers,
+        batch_size=64,
+        pin_memory=False,
+        prefetch_factor=None,
+        persistent_workers=num_workers > 0,
+        multiprocessing_context=None,
+        dataset="Images",
+        collate_fn="default_collate",
+        batches=100,
+        wait_s=1.0,
+        batch_bytes=None,
+        drop_last=True,
+    )
+    return loader.to_json()
 
 
 def _report(steps_per_s: float, num_workers: int, data_wait: float, label_wait: float = 0.6) -> dict[str, Any]:
-    data = report.build(observation(analysed(features(fetch_cpu_share=label_wait, worker_count=0.0))))
-    data["features"].update(data_wait_share=data_wait, hook_steps_per_s=steps_per_s, rss_bytes=1e9, main_cpu_pct=99.0)
+    data = report.build(observation(analysed(features(fetch_cpu_share=label_wait, worker_count=0.0)))).to_json()
+    feats = data["features"]
+    assert isinstance(feats, dict)
+    feats.update(data_wait_share=data_wait, hook_steps_per_s=steps_per_s, rss_bytes=1e9, main_cpu_pct=99.0)
     data["hook"] = {
         "status": "ok",
         "steps": 100,
         "steps_per_s": steps_per_s,
         "step_time_ms": {"p50": 1000 / steps_per_s, "p95": 1200 / steps_per_s},
-        "dataloader": {
-            "num_workers": num_workers,
-            "batch_size": 64,
-            "pin_memory": False,
-            "prefetch_factor": None,
-            "persistent_workers": num_workers > 0,
-            "drop_last": True,
-        },
+        "dataloader": _loader(num_workers),
         "usable_cpus": 2.0,
         "amp": {"autocast": False, "dtype": None, "device_type": None, "grad_scaler": False},
         "torch": "2.13.0",
@@ -123,7 +148,10 @@ def test_cli_compare_prints_and_exits_0(
         ("{not json", "is not JSON (line 1)"),
         ([1, 2], "is not a torchwatch report"),
         ({"schema": "prometheus"}, "is not a torchwatch report (schema 'prometheus'"),
-        ({"schema": "torchwatch.report/1", "target": {}}, "malformed torchwatch report: 'verdict'"),
+        (
+            {"schema": "torchwatch.report/1", "torchwatch_version": "0.1.0"},
+            "malformed torchwatch.report/1 report: 'created' is missing",
+        ),
         ("\xff\xfe", "is not JSON"),
     ],
 )
@@ -150,5 +178,78 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path, pair: tuple[dict[str
 
 def test_a_saved_report_loads(tmp_path: Path, pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
     path = tmp_path / "r.json"
-    report.write_atomic(path, report.dumps(pair[0]))
-    assert load_report(str(path))["created"] == pair[0]["created"]
+    report.write_atomic(path, report.dumps(Report.from_json(pair[0])))
+    assert load_report(str(path)).created == pair[0]["created"]
+
+
+def test_a_report_a_real_watch_saved_compares_with_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/fixtures/reports/today.json: ``torchwatch run --headless --duration 8 --json`` on
+    demo/dataloader_bound.py, written before the report had a type."""
+    saved = load_report(str(TODAY))
+    c = compare_reports(saved, saved)
+    assert c.speedup == pytest.approx(1.0) and c.differ == () and c.moves == ()
+    assert ("num_workers", "0") in c.same and c.verdicts[0][0] == "dataloader-bound"
+    assert main(["compare", str(TODAY), str(TODAY)]) == 0
+    out = capsys.readouterr().out
+    assert "1.00x faster (+0%)" in out and "settings that differ: none" in out
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ("torchwatch.report/2", "is a torchwatch.report/2 report, and this torchwatch reads torchwatch.report/1"),
+        ("torchwatch.report/0.9", "is a torchwatch.report/0.9 report, and this torchwatch reads torchwatch.report/1"),
+        ("torchwatch.report/one", "is not a torchwatch report (schema 'torchwatch.report/one'"),
+    ],
+)
+def test_another_major_version_is_one_line_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], schema: str, message: str
+) -> None:
+    data = json.loads(TODAY.read_text())
+    data["schema"] = schema
+    other = _write(tmp_path, "other.json", data)
+    assert main(["compare", str(TODAY), other]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "other.json" in err and "Traceback" not in err
+
+
+def test_a_newer_minor_version_with_keys_unknown_here_compares(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(TODAY.read_text())
+    data["schema"] = "torchwatch.report/1.4"
+    data["energy"] = {"joules": {"step": 12.0}}  # a section a later torchwatch writes
+    data["hook"]["new_reading"] = [1, 2]
+    newer = _write(tmp_path, "newer.json", data)
+    assert main(["compare", str(TODAY), newer]) == 0
+    assert "settings that differ: none" in capsys.readouterr().out
+    assert load_report(newer).schema == "torchwatch.report/1.4"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("verdict", "confidence"), "high", "'verdict.confidence' is a string, expected a number"),
+        (("target", "pid"), None, "'target.pid' is null, expected an integer"),
+        (("findings",), {}, "'findings' is an object, expected a list"),
+        (("findings", 0, "fixes", 0, "title"), 3, "'findings[0].fixes[0].title' is a number, expected a string"),
+        (("sources", "nvml", "status"), "broken", "'sources.nvml.status' is 'broken', expected one of ok, unavailable"),
+        (("features", "data_wait_share"), "93%", "'features.data_wait_share' is a string, expected a number"),
+        (("hook", "dataloader", "num_workers"), 1.5, "'hook.dataloader.num_workers' is a number, expected an integer"),
+        (("sampling",), None, "'sampling' is null, expected an object"),
+        (("ranks",), None, "'ranks' is null, expected a list"),
+    ],
+)
+def test_a_malformed_saved_report_is_one_line_naming_the_key_and_the_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], path: tuple[Any, ...], value: Any, field: str
+) -> None:
+    data = json.loads(TODAY.read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    bad = _write(tmp_path, "bad.json", data)
+    assert main(["compare", str(TODAY), bad]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"bad.json is a malformed torchwatch.report/1 report: {field}" in err

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 from tests.unit.hookrecords import hook_record
+from torchwatch import wire
 from torchwatch.analysis import features as feats
 from torchwatch.analysis.diagnosis import Diagnoser
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.analysis.store import Window
 from torchwatch.faces.compile import compile_lines, compile_summary, event_line
-from torchwatch.hook import compiled, wire
+from torchwatch.hook import compiled
 from torchwatch.model.readings import HookState
 
 RULES = {r.id: r for r in load_rules()}
@@ -297,7 +298,7 @@ def test_report_lines_say_what_compiled_and_each_event() -> None:
     info = hook_record(compile=_info(graph_breaks=1)).compile
     assert compile_summary(info) == "torch.compile: 2 frames, 1 recompile, 1 graph break, 1.5 s compiling"
     assert info is not None
-    lines = compile_lines(info.to_json())
+    lines = compile_lines(info)
     assert lines[1].strip() == event_line(info.events[0])
     expected = "recompiled: shape of x changed 32→17 (dim 0) at train.py:88 (`out = model(x)`)"
     assert event_line(info.events[0]) == expected

@@ -1,4 +1,4 @@
-"""Usable CPUs (torchwatch.hook.cpus: affinity, cgroup quota) and the worker count to suggest."""
+"""Usable CPUs (torchwatch.wire.cpus: affinity, cgroup quota) and the worker count to suggest."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from torchwatch.analysis.workers import io_bound_workers, suggested_workers
-from torchwatch.hook import cpus as hook_cpus
-from torchwatch.hook.cpus import _read_v1_quota, _read_v2_quota, usable_cpus
+from torchwatch.wire import cpus as wire_cpus
+from torchwatch.wire import usable_cpus
+from torchwatch.wire.cpus import _read_v1_quota, _read_v2_quota
 
 
 def test_usable_cpus_is_within_bounds() -> None:
@@ -58,11 +59,11 @@ def test_read_v1_quota(tmp_path: Path, quota: str, period: str, want: float | No
 
 def test_quota_caps_affinity_but_not_below_one(monkeypatch: pytest.MonkeyPatch) -> None:
     affinity = float(len(os.sched_getaffinity(0)))
-    monkeypatch.setattr(hook_cpus, "_cgroup_quota", lambda pid: 0.2)
+    monkeypatch.setattr(wire_cpus, "_cgroup_quota", lambda pid: 0.2)
     assert usable_cpus() == 1.0
-    monkeypatch.setattr(hook_cpus, "_cgroup_quota", lambda pid: affinity + 8)
+    monkeypatch.setattr(wire_cpus, "_cgroup_quota", lambda pid: affinity + 8)
     assert usable_cpus() == affinity
-    monkeypatch.setattr(hook_cpus, "_cgroup_quota", lambda pid: None)
+    monkeypatch.setattr(wire_cpus, "_cgroup_quota", lambda pid: None)
     assert usable_cpus() == max(1.0, affinity)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from torchwatch.hook import burst, flops, wire
+from torchwatch import wire
+from torchwatch.hook import burst, flops
 from torchwatch.model import peaks
 
 torch = pytest.importorskip("torch")

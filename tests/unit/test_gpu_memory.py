@@ -19,14 +19,16 @@ import pytest
 
 from tests.unit.hookrecords import hook_record
 from tests.unit.hookrun import hook_script, result
+from torchwatch import wire
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser, template_values
 from torchwatch.analysis.features import CATALOGUE, compute, texts
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.analysis.store import Store, Window
 from torchwatch.faces import report
-from torchwatch.hook import gpu, wire
+from torchwatch.hook import gpu
 from torchwatch.model.observation import TargetView
 from torchwatch.model.readings import HookState, SourceStatus
+from torchwatch.model.report import Report
 from torchwatch.watch.observe import NO_CUDA, NO_HOOK_MEMORY, Tick, Trends, observe
 
 GIB = 1 << 30
@@ -358,7 +360,7 @@ def observed(hook: list[HookState]) -> dict[str, Any]:
         target=TargetView(7, ("python", "train.py")),
         hook_status=SourceStatus.ok() if hook else None,
     )
-    return report.build(observe(store, tick, Trends()), watched_s=20.0)
+    return report.build(observe(store, tick, Trends()), watched_s=20.0).to_json()
 
 
 def test_the_report_carries_device_memory_and_settings_and_validates() -> None:
@@ -368,7 +370,7 @@ def test_the_report_carries_device_memory_and_settings_and_validates() -> None:
     assert (mem["allocated_bytes"], mem["capacity_bytes"], mem["why"], mem["devices"]) == (21 * GIB, CAP, None, 1)
     assert data["hook"]["gpu_settings"]["alloc_conf"] == "garbage_collection_threshold:0.6"
     assert "gpu-memory-fragmentation" not in {f["rule"] for f in data["findings"]}  # 5 s hold: one tick is not enough
-    text = report.render_text(data)
+    text = report.render_text(Report.from_json(data))
     assert "device memory (cuda:0): 21.0 GiB allocated / 74.0 GiB reserved, peak 40.0 GiB of 80.0 GiB" in text
     assert "GPU settings: float32_matmul_precision=highest, matmul_allow_tf32=False" in text
     bad = json.loads(json.dumps(data))
@@ -381,7 +383,7 @@ def test_the_report_says_why_device_memory_is_missing() -> None:
     data = observed(reads([None, None], cuda=False))
     jsonschema.Draft202012Validator(SCHEMA).validate(data)
     assert data["hook"]["device_memory"]["why"] == NO_CUDA and data["hook"]["gpu_settings"] is None
-    assert f"device memory: n/a: {NO_CUDA}" in report.render_text(data)
+    assert f"device memory: n/a: {NO_CUDA}" in report.render_text(Report.from_json(data))
     no_hook = observed([])
     assert no_hook.get("hook") is None
     assert NO_HOOK_MEMORY.startswith("no hook")

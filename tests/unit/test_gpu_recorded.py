@@ -19,10 +19,11 @@ import pytest
 
 from tests.unit import nvml_replay
 from tests.unit.test_gpu_fixtures import burst, feats, ids, na, settle
+from torchwatch import wire
 from torchwatch.faces.compare import compare
-from torchwatch.hook import wire
 from torchwatch.hook.summary import load_trace, short_name, summarize_trace
 from torchwatch.model.readings import GpuSample
+from torchwatch.model.report import Report
 
 RECORDED = nvml_replay.RECORDED
 LOOP_FROM_S = 5.0
@@ -150,5 +151,5 @@ def test_recorded_reports_compare_plain_with_relieved() -> None:
     """The reports torchwatch wrote on the H200 read back through compare: the relieved demos are
     faster, as their --relieve promises (gpu_bound 72.8 -> 347.6 steps/s, launch_bound 25.3 -> 482.0)."""
     for demo, at_least in (("gpu_bound", 4.0), ("launch_bound", 15.0)):
-        c = compare(report(demo), report(f"{demo}_relieve"))
+        c = compare(Report.from_json(report(demo)), Report.from_json(report(f"{demo}_relieve")))
         assert c.speedup is not None and c.speedup >= at_least

@@ -20,13 +20,13 @@ from torchwatch.analysis import hang
 from torchwatch.faces.hang import hang_file_text, hang_lines, hang_path, notice
 from torchwatch.faces.report import write_atomic
 from torchwatch.faces.tui.app import WatchApp
-from torchwatch.hook.wire import HookRecord, Instance, RankInfo
 from torchwatch.model.hang import DumpedThread, HangView, ProcessDump
 from torchwatch.model.observation import Observation, RankView, TargetView
 from torchwatch.model.readings import Frame, HookState, Role
 from torchwatch.sources.proc import TreeNode
 from torchwatch.sources.pyspy import parse_dump
 from torchwatch.watch.hang import HangRecorder
+from torchwatch.wire import HookRecord, Instance, RankInfo
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy"
 SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
@@ -244,7 +244,7 @@ def _view() -> HangView:
 
 def test_the_report_lines_and_the_hang_file_name_the_odd_rank_and_hold_every_thread() -> None:
     view = _view()
-    lines = hang_lines(view.to_json())
+    lines = hang_lines(view)
     assert lines[0].startswith("HANG: rank 0 (PID 13957) has made no step for 9 s (since 12 s; threshold 5 s")
     assert any(line.split()[:2] == ["rank", "1"] and "wait_for_token" in line for line in lines[2:])
     text = hang_file_text(view, "r.json")

@@ -17,9 +17,10 @@ import pytest
 
 from tests.unit.hookrecords import hook_record
 from tests.unit.hookrun import hook_script, result
+from torchwatch import wire
 from torchwatch.analysis.features import compute
 from torchwatch.analysis.store import Window
-from torchwatch.hook import publish, should_install, wire
+from torchwatch.hook import should_install
 from torchwatch.model.readings import HookState
 from torchwatch.sources.hook import HookReader, instance_of
 
@@ -47,7 +48,7 @@ def test_a_loader_setting_reaches_the_report_and_the_steps_panel() -> None:
     obs = observation_of({}, reading, SourceStatus.ok())
     assert "persistent_workers=False · drop_last=True" in render.steps_text(obs).plain
     assert "persistent_workers=False, drop_last=True; usable CPUs" in "\n".join(
-        report.hook_lines(report.hook_json(obs))
+        report.hook_lines(report.hook_section(obs))
     )
 
 
@@ -56,7 +57,7 @@ INST = wire.Instance(123, 4567, 4026531836)
 
 
 def _dir_fd(path: Path) -> int:
-    return publish.open_dir(path, (os.geteuid(),), private=False)
+    return wire.open_dir(path, (os.geteuid(),), private=False)
 
 
 def _read_counters(path: Path, expect: wire.Instance | None = INST, retries: int = 5) -> wire.CounterSnapshot | None:
@@ -65,7 +66,7 @@ def _read_counters(path: Path, expect: wire.Instance | None = INST, retries: int
     except OSError:
         return None
     try:
-        return publish.read_counters(fd, (os.geteuid(),), expect, retries)
+        return wire.read_counters(fd, (os.geteuid(),), expect, retries)
     except (OSError, ValueError):
         return None
     finally:
@@ -74,22 +75,22 @@ def _read_counters(path: Path, expect: wire.Instance | None = INST, retries: int
 
 def test_counters_round_trip_and_ring_keeps_the_newest(tmp_path: Path) -> None:
     fd = _dir_fd(tmp_path)
-    c = publish.Counters(fd, INST)
+    c = wire.Counters(fd, INST)
     os.close(fd)
     c.step(1.0, None, 0.0)  # the first step has no known start
-    for i in range(publish.RING + 10):
+    for i in range(wire.RING + 10):
         c.next_started(2.0 + i)
         c.next_ended(2.0 + i + 0.25, 0.25)
         c.step(2.0 + i + 0.5, 0.5 + i * 1e-3, 0.25)
     snap = _read_counters(tmp_path)
     assert snap is not None
-    assert (snap.pid, snap.steps, snap.batches) == (123, publish.RING + 11, publish.RING + 10)
+    assert (snap.pid, snap.steps, snap.batches) == (123, wire.RING + 11, wire.RING + 10)
     assert snap.instance == INST
-    assert len(snap.entries) == publish.RING
-    assert snap.entries[-1] == (2.0 + publish.RING + 9 + 0.5, pytest.approx(0.5 + (publish.RING + 9) * 1e-3), 0.25)
+    assert len(snap.entries) == wire.RING
+    assert snap.entries[-1] == (2.0 + wire.RING + 9 + 0.5, pytest.approx(0.5 + (wire.RING + 9) * 1e-3), 0.25)
     assert snap.entries[0][0] < snap.entries[1][0]  # oldest first
     assert snap.first_step_t == 1.0 and snap.in_next_since == 0.0
-    assert snap.data_wait_s == pytest.approx(0.25 * (publish.RING + 10))
+    assert snap.data_wait_s == pytest.approx(0.25 * (wire.RING + 10))
 
 
 def test_a_reader_decodes_only_the_steps_after_its_last_read(tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ def test_a_reader_decodes_only_the_steps_after_its_last_read(tmp_path: Path) -> 
     a count the ring has overrun gives the whole ring, and one from the future (a reader that is
     wrong about the file) gives every entry."""
     fd = _dir_fd(tmp_path)
-    c = publish.Counters(fd, INST)
+    c = wire.Counters(fd, INST)
     os.close(fd)
     for i in range(10):
         c.step(1.0 + i, 0.5, 0.0)
@@ -107,22 +108,22 @@ def test_a_reader_decodes_only_the_steps_after_its_last_read(tmp_path: Path) -> 
         c.step(1.0 + i, 0.25, 0.0)
     dfd = _dir_fd(tmp_path)
     try:
-        newer = publish.read_counters(dfd, (os.geteuid(),), INST, since=first.written)
-        future = publish.read_counters(dfd, (os.geteuid(),), INST, since=100)
-        for i in range(13, 13 + publish.RING):
+        newer = wire.read_counters(dfd, (os.geteuid(),), INST, since=first.written)
+        future = wire.read_counters(dfd, (os.geteuid(),), INST, since=100)
+        for i in range(13, 13 + wire.RING):
             c.step(1.0 + i, 0.125, 0.0)
-        overrun = publish.read_counters(dfd, (os.geteuid(),), INST, since=newer.written)
+        overrun = wire.read_counters(dfd, (os.geteuid(),), INST, since=newer.written)
     finally:
         os.close(dfd)
     assert [e[0] for e in newer.entries] == [11.0, 12.0, 13.0] and newer.written == 13
     assert len(newer.rank_steps()) == 3
     assert len(future.entries) == 13
-    assert len(overrun.entries) == publish.RING and overrun.entries[-1][0] == 13.0 + publish.RING
+    assert len(overrun.entries) == wire.RING and overrun.entries[-1][0] == 13.0 + wire.RING
 
 
 def test_a_write_in_progress_is_never_read(tmp_path: Path) -> None:
     fd = _dir_fd(tmp_path)
-    c = publish.Counters(fd, INST)
+    c = wire.Counters(fd, INST)
     os.close(fd)
     c.seq += 1  # odd: as if the hook were between the two halves of a write
     wire.SEQ.pack_into(c._mm, 8, c.seq)
@@ -132,7 +133,7 @@ def test_a_write_in_progress_is_never_read(tmp_path: Path) -> None:
 
 def test_counters_of_another_process_instance_are_refused(tmp_path: Path) -> None:
     fd = _dir_fd(tmp_path)
-    publish.Counters(fd, INST)
+    wire.Counters(fd, INST)
     os.close(fd)
     assert _read_counters(tmp_path, expect=INST) is not None
     assert _read_counters(tmp_path, expect=wire.Instance(123, 4568, INST.pidns)) is None  # PID reused
@@ -140,24 +141,24 @@ def test_counters_of_another_process_instance_are_refused(tmp_path: Path) -> Non
 
 
 def test_base_dir_follows_the_targets_environment() -> None:
-    assert publish.base_dir({"TORCHWATCH_DIR": "/x/y"}) == Path("/x/y")
-    assert publish.base_dir({"TMPDIR": "/scratch"}, uid=1000) == Path("/scratch/torchwatch-1000")
-    assert publish.base_dir({}, uid=7) == Path("/tmp/torchwatch-7")
+    assert wire.base_dir({"TORCHWATCH_DIR": "/x/y"}) == Path("/x/y")
+    assert wire.base_dir({"TMPDIR": "/scratch"}, uid=1000) == Path("/scratch/torchwatch-1000")
+    assert wire.base_dir({}, uid=7) == Path("/tmp/torchwatch-7")
 
 
 def test_private_dir_and_atomic_files(tmp_path: Path) -> None:
     base = tmp_path / "tw"
-    base_fd = publish.prepare_dir(base)
-    fd = publish.private_subdir(base_fd, "42")
+    base_fd = wire.prepare_dir(base)
+    fd = wire.private_subdir(base_fd, "42")
     d = base / "42"
     assert stat.S_IMODE(d.stat().st_mode) == 0o700 and stat.S_IMODE(base.stat().st_mode) == 0o700
-    publish.write_atomic(fd, "hook.json", publish.encode_json({"a": 1}))
+    wire.write_atomic(fd, "hook.json", wire.encode_json({"a": 1}))
     assert stat.S_IMODE((d / "hook.json").stat().st_mode) == 0o600
     me = (os.geteuid(),)
-    assert publish.read_json(fd, "hook.json", me, 100) == {"a": 1}
+    assert wire.read_json(fd, "hook.json", me, 100) == {"a": 1}
     (d / "bad.json").write_text("[1, 2")
     with pytest.raises(wire.WireError, match="not JSON"):
-        publish.read_json(fd, "bad.json", me, 100)
+        wire.read_json(fd, "bad.json", me, 100)
     assert [p.name for p in d.iterdir() if p.name.startswith(".")] == []  # no temp file left
     os.close(fd)
     os.close(base_fd)
@@ -169,8 +170,8 @@ def test_private_dir_refuses_another_users_directory(tmp_path: Path) -> None:
     d = tmp_path / "foreign"
     d.mkdir()
     os.chown(d, 12345, 12345)
-    with pytest.raises(publish.Unsafe, match="belongs to uid 12345"):
-        publish.prepare_dir(d)
+    with pytest.raises(wire.Unsafe, match="belongs to uid 12345"):
+        wire.prepare_dir(d)
 
 
 # -- where the hook installs ------------------------------------------------------------------
@@ -277,7 +278,7 @@ def _fake_hook_dir(tmp_path: Path, pid: int, **info: Any) -> Path:
     d = tmp_path / inst.dir_name
     d.mkdir(mode=0o700)
     state = {
-        "schema": publish.SCHEMA,
+        "schema": wire.SCHEMA,
         "pid": inst.pid,
         "start": inst.start,
         "pidns": inst.pidns,
@@ -288,7 +289,7 @@ def _fake_hook_dir(tmp_path: Path, pid: int, **info: Any) -> Path:
         "errors": [],
     }
     state.update(info)
-    (d / publish.STATE_FILE).write_text(json.dumps(state))
+    (d / wire.STATE_FILE).write_text(json.dumps(state))
     return d
 
 
@@ -395,7 +396,7 @@ def test_directories_of_dead_processes_are_removed(tmp_path: Path) -> None:
         (tmp_path / inst.dir_name / wire.STATE_FILE).write_text("{}")
     (tmp_path / "999999999").mkdir()  # not a hook directory's name: kept
     fd = _dir_fd(tmp_path)
-    removed = publish.remove_stale(fd, me)
+    removed = wire.remove_stale(fd, me)
     os.close(fd)
     assert sorted(removed) == sorted([dead.dir_name, reused.dir_name])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other_ns.dir_name, me.dir_name, "999999999"])
@@ -408,7 +409,7 @@ def test_a_stale_directory_holding_other_files_is_emptied_of_ours_only(tmp_path:
     (dead / wire.COUNTERS_FILE).write_bytes(b"x")
     (dead / "notes.txt").write_text("the user's")
     fd = _dir_fd(tmp_path)
-    assert publish.remove_stale(fd, me) == []
+    assert wire.remove_stale(fd, me) == []
     os.close(fd)
     assert sorted(p.name for p in dead.iterdir()) == ["notes.txt"]
 

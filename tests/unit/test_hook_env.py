@@ -148,8 +148,8 @@ def test_a_burst_on_another_allowed_signal(tmp_path: Path, value: str) -> None:
 @pytest.mark.parametrize(
     "breakage",
     [
-        "publish.Counters = boom",  # on_torch fails half-way
-        "publish.prepare_dir = boom",  # the base directory cannot be prepared
+        "wire.Counters = boom",  # on_torch fails half-way
+        "wire.prepare_dir = boom",  # the base directory cannot be prepared
         "runtime.Hook._take_signal = boom",  # a bug in taking the signal
         "runtime.Hook._patch = boom",  # a bug in patching torch
         "wire.HookRecord.to_json = boom",  # a bug in publishing
@@ -158,7 +158,8 @@ def test_a_burst_on_another_allowed_signal(tmp_path: Path, value: str) -> None:
 def test_a_failing_hook_never_raises_into_import_torch(tmp_path: Path, breakage: str) -> None:
     code = (
         "import sys\n"
-        "from torchwatch.hook import install, publish, runtime, wire\n"
+        "from torchwatch import wire\n"
+        "from torchwatch.hook import install, runtime\n"
         "def boom(*a, **k):\n"
         "    raise RuntimeError('broken on purpose')\n"
         f"{breakage}\n"

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchwatch.hook import publish, wire
+from torchwatch import wire
 from torchwatch.model.readings import Status
 from torchwatch.sources.hook import HookReader, HookSource
 
@@ -46,7 +46,7 @@ def watchdog(seconds: int) -> Iterator[None]:
 
 
 class CountingReads:
-    """Counts the bytes the reader reads (``os.read`` / ``os.pread`` in torchwatch.hook.publish)."""
+    """Counts the bytes the reader reads (``os.read`` / ``os.pread`` in torchwatch.wire)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.bytes = 0
@@ -62,8 +62,8 @@ class CountingReads:
             self.bytes += len(data)
             return data
 
-        monkeypatch.setattr(publish.os, "pread", pread)
-        monkeypatch.setattr(publish.os, "read", read)
+        monkeypatch.setattr(os, "pread", pread)
+        monkeypatch.setattr(os, "read", read)
 
 
 def _valid_state() -> dict[str, Any]:
@@ -105,9 +105,9 @@ def _check_reader(d: Path, reads: CountingReads) -> HookReader:
         reader = HookReader(os.getpid(), d)
         reading = reader.read(time.monotonic())
         ok, why = reader.burst_possible()
-        source = HookSource(lambda: os.getpid(), expected=False)
+        source = HookSource(expected=False)
         source._readers[os.getpid()] = reader
-        source.sample(time.monotonic())
+        source.sample(time.monotonic(), os.getpid())
     if reading is None:
         assert reader.reason and "\n" not in reader.reason
         assert source.status.status is not Status.OK and source.status.reason
@@ -181,7 +181,7 @@ def test_any_bytes_as_counters(
     _write(hook_dir, wire.STATE_FILE, json.dumps(_valid_state()).encode())
     if keep_header:  # a valid header of this process, then anything
         fd = os.open(hook_dir, os.O_RDONLY | os.O_DIRECTORY)
-        c = publish.Counters(fd, wire.self_instance())
+        c = wire.Counters(fd, wire.self_instance())
         os.close(fd)
         body = bytearray(bytes(c._mm))
         c.close()

@@ -24,7 +24,7 @@ import pytest
 
 from tests import users
 from tests.unit.hookrun import hook_script
-from torchwatch.hook import wire
+from torchwatch import wire
 from torchwatch.model.readings import Status
 from torchwatch.sources.hook import HookReader, HookSource, instance_of, send_burst_signal
 from torchwatch.watch.lifecycle import hook_env
@@ -328,9 +328,9 @@ def test_pid_reuse_or_a_stale_dir_gives_no_hook_and_no_signal(tmp_path: Path) ->
         stale = HookReader(daemon.pid, base / inst.dir_name)
         stale.record()
         assert "written by process" in stale.reason and "stale or foreign" in stale.reason
-        source = HookSource(lambda: daemon.pid, expected=False)
+        source = HookSource(expected=False)
         source._readers[daemon.pid] = stale
-        assert source.sample(time.monotonic()) == []
+        assert source.sample(time.monotonic(), daemon.pid) == []
         assert source.status.status is Status.UNAVAILABLE and "stale" in (source.status.reason or "")
         time.sleep(0.3)
         assert not log.exists() and daemon.poll() is None
@@ -420,12 +420,12 @@ def test_without_its_own_proc_a_namespaced_hook_removes_nothing(tmp_path: Path) 
     tw.mkdir(mode=0o700)
     code = (
         "import os, sys\n"
-        "from torchwatch.hook import publish, wire\n"
+        "from torchwatch import wire\n"
         "me = wire.self_instance()\n"
         "dead = wire.Instance(4194303, 1, me.pidns)\n"
         "os.mkdir(os.path.join(sys.argv[1], dead.dir_name), 0o700)\n"
-        "fd = publish.open_dir(sys.argv[1], (os.geteuid(),), private=True)\n"
-        "print(wire.proc_is_own_namespace(), publish.remove_stale(fd, me))\n"
+        "fd = wire.open_dir(sys.argv[1], (os.geteuid(),), private=True)\n"
+        "print(wire.proc_is_own_namespace(), wire.remove_stale(fd, me))\n"
     )
     r = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code, str(tw)],

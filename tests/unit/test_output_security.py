@@ -474,8 +474,8 @@ def test_a_hook_base_dir_another_user_created_first_is_reported_with_the_fix(
     )
     try:
         assert training.stdout is not None and training.stdout.readline().strip() == "ready"
-        source = HookSource(lambda: training.pid, expected=True)
-        source.sample(time.monotonic())
+        source = HookSource(expected=True)
+        source.sample(time.monotonic(), training.pid)
     finally:
         _stop(training)
     st = source.status

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchwatch.hook import wire
+from torchwatch import wire
 from torchwatch.model import peaks
 
 

@@ -22,7 +22,6 @@ from torchwatch.faces.prometheus import (
     metric_families,
     parse_listen,
 )
-from torchwatch.hook.wire import RankInfo
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.findings import Finding, Verdict
 from torchwatch.model.hang import HangProcess, HangView
@@ -38,6 +37,7 @@ from torchwatch.model.observation import (
     TargetView,
 )
 from torchwatch.model.readings import GpuSample
+from torchwatch.wire import RankInfo
 
 JOB = "my-run-7"
 

@@ -21,11 +21,11 @@ from torchwatch.faces import report
 from torchwatch.faces.headless import status_line
 from torchwatch.faces.tui.app import WatchApp
 from torchwatch.faces.tui.widgets import RanksTable
-from torchwatch.hook.wire import RankStep
 from torchwatch.model.findings import Finding, Verdict
 from torchwatch.model.observation import Observation, RankReading, RankView, TargetView
 from torchwatch.model.readings import HookState
 from torchwatch.watch.observe import Tick, Trends, observe
+from torchwatch.wire import RankStep
 
 ALLREDUCE_MS = 3.0
 
@@ -137,11 +137,12 @@ def test_report_and_status_line_name_the_straggler() -> None:
     obs = straggler_job()
     assert sorted(obs.ranks) == [0, 1] and obs.focus_rank == 1
     assert obs.ranks[0].verdict is not None and obs.ranks[0].verdict.label == "undetermined"
-    data = report.build(obs)
+    made = report.build(obs)
+    data: dict[str, Any] = made.to_json()
     jsonschema.Draft202012Validator(SCHEMA).validate(data)
     assert data["straggler"]["rank"] == 1 and data["straggler"]["label"] == "dataloader-bound"
     assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["ranks"][1]["focus"] is True
-    assert "straggler: rank 1 (PID 101)" in report.render_text(data)
+    assert "straggler: rank 1 (PID 101)" in report.render_text(made)
     assert "2 ranks, straggler rank 1" in status_line(obs, 3.0)
 
 
@@ -160,6 +161,9 @@ class JobWatch:
 
     def choose_rank(self, rank: int | None) -> None:
         self.chosen.append(rank)
+
+    def wake(self, why: str) -> None:
+        """A key was pressed: nothing samples here."""
 
 
 def test_tui_ranks_table_highlights_the_straggler_and_chooses_a_rank() -> None:
@@ -209,7 +213,7 @@ def test_one_process_report_has_no_ranks() -> None:
         t=0.0, elapsed_s=1.0, window_s=10.0, target=TargetView(5), ranks={0: RankView(0, 5)},
         verdict=Verdict("cpu-bound", 0.8, "busy"),
     )  # fmt: skip
-    data = report.build(obs)
+    data: dict[str, Any] = report.build(obs).to_json()
     assert data["ranks"] == [] and data["straggler"] is None
     line = status_line(obs, 1.0)
     assert line.startswith("torchwatch [   1s] cpu-bound") and "ranks" not in line

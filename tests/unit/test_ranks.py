@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from torchwatch.hook import publish, ranks, should_install, wire
+from torchwatch import wire
+from torchwatch.hook import ranks, should_install
 
 INST = wire.Instance(123, 4567, 4026531836)
 SPAWN_CHILD = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)"]
@@ -187,7 +188,7 @@ def test_a_request_names_its_start_step_and_group() -> None:
     bad = wire.BurstRequest.from_request({"start_step": -3, "group": "../x"})
     assert (bad.start_step, bad.group) == (None, None)
     assert wire.BurstRequest.from_request({"start_step": True}).start_step is None
-    assert len(publish.encode_json(req.to_json())) < wire.REQUEST_MAX_BYTES
+    assert len(wire.encode_json(req.to_json())) < wire.REQUEST_MAX_BYTES
 
 
 def test_burst_results_name_their_steps_group_and_rank_only_when_set() -> None:
@@ -199,13 +200,13 @@ def test_burst_results_name_their_steps_group_and_rank_only_when_set() -> None:
 
 
 # -- counters, version 3 ------------------------------------------------------------------------
-def _counters(tmp_path: Path) -> tuple[publish.Counters, int]:
-    fd = publish.open_dir(tmp_path, (os.geteuid(),), private=False)
-    return publish.Counters(fd, INST), fd
+def _counters(tmp_path: Path) -> tuple[wire.Counters, int]:
+    fd = wire.open_dir(tmp_path, (os.geteuid(),), private=False)
+    return wire.Counters(fd, INST), fd
 
 
 def _read(fd: int) -> wire.CounterSnapshot:
-    return publish.read_counters(fd, (os.geteuid(),), INST)
+    return wire.read_counters(fd, (os.geteuid(),), INST)
 
 
 def test_counters_carry_backward_and_collective_times_per_step(tmp_path: Path) -> None:
@@ -238,7 +239,7 @@ def test_counters_of_another_version_are_refused_with_a_reason(tmp_path: Path) -
     c, fd = _counters(tmp_path)
     c.close()
     try:
-        path = tmp_path / publish.COUNTERS_FILE
+        path = tmp_path / wire.COUNTERS_FILE
         data = bytearray(path.read_bytes())
         data[:8] = b"TWH2" + (2).to_bytes(4, "little")
         path.write_bytes(bytes(data))

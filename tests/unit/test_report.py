@@ -25,11 +25,12 @@ from torchwatch.faces import report
 from torchwatch.faces.burst import burst_lines
 from torchwatch.faces.headless import status_line
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.hook.wire import BurstResult
 from torchwatch.model.observation import Observation, SamplingChange, SamplingView, TargetView, VerdictChange
 from torchwatch.model.readings import SourceStatus, Status
+from torchwatch.model.report import InjectionReport, Report
 from torchwatch.model.units import fmt_value
 from torchwatch.watch.observe import Tick, Trends, observe
+from torchwatch.wire import BurstResult
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
@@ -72,7 +73,8 @@ def observation(analysis: Analysis | None, exit_code: int | None = None) -> Obse
 
 
 def build(analysis: Analysis, exit_code: int | None = None) -> dict[str, Any]:
-    return report.build(observation(analysis, exit_code), watched_s=31.26)
+    """The report's JSON object, as written."""
+    return report.build(observation(analysis, exit_code), watched_s=31.26).to_json()
 
 
 @pytest.fixture
@@ -116,7 +118,7 @@ def test_report_validates(busy: dict[str, Any]) -> None:
 
 
 def test_report_is_strict_json(busy: dict[str, Any]) -> None:
-    text = report.dumps(busy)
+    text = report.dumps(Report.from_json(busy))
     assert json.loads(text) == busy
     json.dumps(busy, allow_nan=False)  # no NaN / Infinity anywhere
 
@@ -189,15 +191,15 @@ def test_schema_requires_contract_keys(busy: dict[str, Any], key: str) -> None:
 def test_report_says_version_time_and_host() -> None:
     when = datetime(2026, 11, 23, 18, 30, 5, tzinfo=timezone(timedelta(hours=2)))
     data = report.build(observation(None), created=when)
-    assert data["torchwatch_version"] == __version__
-    assert data["created"] == "2026-11-23T16:30:05Z"  # UTC, whatever the zone it was given in
-    assert data["host"] == socket.gethostname()
-    now = datetime.strptime(report.build(observation(None))["created"], "%Y-%m-%dT%H:%M:%SZ")
+    assert data.torchwatch_version == __version__
+    assert data.created == "2026-11-23T16:30:05Z"  # UTC, whatever the zone it was given in
+    assert data.host == socket.gethostname()
+    now = datetime.strptime(report.build(observation(None)).created, "%Y-%m-%dT%H:%M:%SZ")
     assert abs((now - datetime.now(timezone.utc).replace(tzinfo=None)).total_seconds()) < 60
 
 
 def test_render_text(busy: dict[str, Any]) -> None:
-    text = report.render_text(busy)
+    text = report.render_text(Report.from_json(busy))
     assert "verdict: io-bound" in text
     assert "exit 3" in text and "python train.py" in text
     titles = [fx["title"] for f in busy["findings"] for fx in f["fixes"]]
@@ -233,17 +235,18 @@ def test_sampling_in_the_report_the_text_and_the_status_line() -> None:
         ),
     )
     obs = replace(observation(analysed(features(storage_wait_share=0.5))), sampling=steady)
-    data = report.build(obs, watched_s=60.0)
+    made = report.build(obs, watched_s=60.0)
+    data: dict[str, Any] = made.to_json()
     VALIDATOR.validate(data)
     assert data["sampling"]["mode"] == "steady"
     assert data["sampling"]["steady_s"] == 42.4 and data["sampling"]["returns_to_fast"] == 1
     assert [c["mode"] for c in data["sampling"]["changes"]] == ["steady", "fast", "steady"]
     assert "sampling: steady (the verdict held for 10 evaluations in a row; 42 s steady, back to fast 1 time)" in (
-        report.render_text(data)
+        report.render_text(made)
     )
     assert status_line(obs, 60.0).endswith(" | sampling: steady")
     fast = report.build(observation(analysed(features(storage_wait_share=0.5))), watched_s=3.0)
-    assert fast["sampling"]["mode"] == "fast"
+    assert fast.sampling.mode == "fast"
     assert status_line(observation(analysed(features())), 3.0).endswith(" | sampling: fast")
 
 
@@ -280,7 +283,10 @@ def test_format_value_by_unit(name: str, value: float | None, text: str) -> None
 def test_the_injection_attach_made_is_reported(busy: dict[str, Any]) -> None:
     assert busy["injection"] is None  # run, or attach --no-inject
     done = {"injected": True, "hooked": True, "method": "ptrace", "pause_ms": 14.2, "reason": "hook injected"}
-    data = report.build(observation(analysed(features(storage_wait_share=0.5))), injection=done)
+    made = report.build(
+        observation(analysed(features(storage_wait_share=0.5))), injection=InjectionReport.from_json(done)
+    )
+    data = made.to_json()
     assert data["injection"] == done
     jsonschema.validate(data, SCHEMA)
 

@@ -252,9 +252,9 @@ def test_other_failure_quotes_first_line() -> None:
     assert explain_failure("", 7).reason == "py-spy failed: no output"
 
 
-def _record_in_thread(src: pyspy.PySpySource) -> tuple[threading.Thread, list[list[object]]]:
+def _record_in_thread(src: pyspy.PySpySource, pid: int) -> tuple[threading.Thread, list[list[object]]]:
     got: list[list[object]] = []
-    th = threading.Thread(target=lambda: got.append(src.sample(time.monotonic())))
+    th = threading.Thread(target=lambda: got.append(src.sample(time.monotonic(), pid)))
     th.start()
     return th, got
 
@@ -265,9 +265,9 @@ def test_a_chunk_cut_short_returns_what_py_spy_sampled_so_far() -> None:
     on SIGINT."""
     target = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(10000))"])
     try:
-        src = pyspy.PySpySource(lambda: target.pid, lambda pid: Role.MAIN, lambda: True, rate=20, chunk=30.0)
+        src = pyspy.PySpySource(lambda pid: Role.MAIN, lambda: True, rate=20, chunk=30.0)
         src._first = False  # a steady chunk of 30 s, not the short first one
-        th, got = _record_in_thread(src)
+        th, got = _record_in_thread(src, target.pid)
         time.sleep(3.0)
         t0 = time.monotonic()
         src.cut_short()
@@ -286,9 +286,13 @@ def test_a_chunk_cut_before_py_spy_wrote_anything_is_no_failure(tmp_path: Path) 
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\nexec sleep 30\n")
     fake.chmod(0o755)
-    src = pyspy.PySpySource(lambda: os.getpid(), lambda pid: Role.MAIN, lambda: True, chunk=30.0, binary=str(fake))
+    src = pyspy.PySpySource(lambda pid: Role.MAIN, lambda: True, chunk=30.0, binary=str(fake))
+    # Margins: measured beside one busy process on 2 CPUs (60 chunks), py-spy's process was there
+    # 42 ms after the chunk began and the cut chunk returned 15 ms after cut_short(); 10 s is
+    # hundreds of times that. Its CI failure was no load: the suite ran with SIGINT ignored, which
+    # the fake py-spy inherited (it ran its 30 s out and the join gave up first).
     for _ in range(3):
-        th, got = _record_in_thread(src)
+        th, got = _record_in_thread(src, os.getpid())
         deadline = time.monotonic() + 10
         while src._proc is None and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.unit.hookrun import hook_script, result
 from torchwatch.faces.burst import burst_lines
-from torchwatch.hook.wire import BurstResult
+from torchwatch.wire import BurstResult
 
 hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
 

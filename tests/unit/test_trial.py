@@ -14,24 +14,24 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from torchwatch import wire
 from torchwatch.analysis.rules_engine import parse_rule
 from torchwatch.faces import compare as compare_mod
 from torchwatch.faces.trial import outcome_lines, report_lines, state_lines
-from torchwatch.hook import trialspec as ts
 from torchwatch.hook.trial import Trials
-from torchwatch.hook.wire import HookRecord, Instance, WireError
 from torchwatch.model.errors import UsageError
 from torchwatch.model.trials import Outcome, Plan, verdict
 from torchwatch.watch.trials import plan_trial
+from torchwatch.wire import HookRecord, Instance, WireError
 
 
 # -- the contract -------------------------------------------------------------------------------
 def test_assignments_parse_to_a_setting_and_value_or_say_what_is_expected() -> None:
-    s, v, text = ts.parse_assignment("threads=2")
+    s, v, text = wire.parse_assignment("threads=2")
     assert (s.name, v, text) == ("threads", 2, "2")
-    s, v, text = ts.parse_assignment("torch.backends.cudnn.benchmark=on")
+    s, v, text = wire.parse_assignment("torch.backends.cudnn.benchmark=on")
     assert (s.name, v, text) == ("cudnn_benchmark", True, "true")
-    assert ts.parse_assignment("gc_threshold=5000,20")[1] == (5000, 20)
+    assert wire.parse_assignment("gc_threshold=5000,20")[1] == (5000, 20)
     for bad, words in [
         ("threads", "SETTING=VALUE"),
         ("threads=0", "from 1"),
@@ -42,20 +42,20 @@ def test_assignments_parse_to_a_setting_and_value_or_say_what_is_expected() -> N
         ("gc_threshold=1,2,3,4", "1 to 3"),
     ]:
         with pytest.raises(ValueError, match=words):
-            ts.parse_assignment(bad)
+            wire.parse_assignment(bad)
 
 
 def test_blocks_alternate_on_off_off_on() -> None:
-    assert [ts.is_on(i) for i in range(8)] == [True, False, False, True, True, False, False, True]
+    assert [wire.is_on(i) for i in range(8)] == [True, False, False, True, True, False, False, True]
 
 
-def _block(on: bool, mean: float, steps: int = 10) -> ts.TrialBlock:
-    return ts.TrialBlock(on, 0, steps, 2, mean, mean)
+def _block(on: bool, mean: float, steps: int = 10) -> wire.TrialBlock:
+    return wire.TrialBlock(on, 0, steps, 2, mean, mean)
 
 
 def test_the_estimate_is_the_pairs_mean_ratio_with_student_t() -> None:
     blocks = [_block(True, 1.0), _block(False, 2.0), _block(False, 2.2), _block(True, 1.0)]
-    est = ts.estimate(blocks)
+    est = wire.estimate(blocks)
     assert est is not None and est.pairs == 2
     logs = [math.log(2.0), math.log(2.2)]
     mean = sum(logs) / 2
@@ -63,29 +63,29 @@ def test_the_estimate_is_the_pairs_mean_ratio_with_student_t() -> None:
     assert est.speedup == pytest.approx(math.exp(mean))
     assert est.lo == pytest.approx(math.exp(mean - half)) and est.hi == pytest.approx(math.exp(mean + half))
     # incomplete or unmeasured pairs give nothing
-    assert ts.estimate(blocks[:1]) is None
-    assert ts.estimate([_block(True, 1.0), _block(False, 0.0, steps=0)]) is None
+    assert wire.estimate(blocks[:1]) is None
+    assert wire.estimate([_block(True, 1.0), _block(False, 0.0, steps=0)]) is None
 
 
 def test_one_polluted_pair_does_not_decide_once_five_pairs_are_in() -> None:
     rng = random.Random(3)
     logs = [math.log(1.5) + rng.gauss(0, 0.01) for _ in range(9)] + [math.log(0.4)]  # a neighbour's burst
-    center, half = ts.trimmed_interval(logs, ts.TRIM)
+    center, half = wire.trimmed_interval(logs, wire.TRIM)
     assert math.exp(center) == pytest.approx(1.5, rel=0.02) and half < 0.05
-    plain_center, plain_half = ts.trimmed_interval(logs, 0.0)
+    plain_center, plain_half = wire.trimmed_interval(logs, 0.0)
     assert plain_half > 5 * half and math.exp(plain_center) < 1.35
 
 
 def test_requests_and_states_are_bounded_and_round_trip() -> None:
-    req = ts.TrialRequest(7, "threads", "2", block_steps=12, warmup=2, start_step=40)
-    assert ts.TrialRequest.decode(json.loads(json.dumps(req.to_json()))) == req
-    assert req.to_json()["kind"] == ts.TRIAL_KIND and ts.request_kind(req.to_json()) == "trial"
-    assert ts.request_kind(None) == "burst" and ts.request_kind({"steps": 3}) == "burst"
+    req = wire.TrialRequest(7, "threads", "2", block_steps=12, warmup=2, start_step=40)
+    assert wire.TrialRequest.decode(json.loads(json.dumps(req.to_json()))) == req
+    assert req.to_json()["kind"] == wire.TRIAL_KIND and wire.request_kind(req.to_json()) == "trial"
+    assert wire.request_kind(None) == "burst" and wire.request_kind({"steps": 3}) == "burst"
     for field, value in [("block_steps", 1), ("warmup", 12), ("max_s", 1e9), ("id", 0), ("target", 0.9)]:
         with pytest.raises(WireError, match=field):
-            ts.TrialRequest.decode({**req.to_json(), field: value})
-    state = ts.TrialState(7, "threads", "2", "done", old="8", blocks=(_block(True, 1.0), _block(False, 2.0)),
-                          estimate=ts.estimate([_block(True, 1.0), _block(False, 2.0)]), restored=True,
+            wire.TrialRequest.decode({**req.to_json(), field: value})
+    state = wire.TrialState(7, "threads", "2", "done", old="8", blocks=(_block(True, 1.0), _block(False, 2.0)),
+                          estimate=wire.estimate([_block(True, 1.0), _block(False, 2.0)]), restored=True,
                           now_value="8", started=1.0, ended=2.0)  # fmt: skip
     rec = HookRecord(Instance(10, 1, 1), "3.11", "2.13", 0.0, 12, True, trial=state)
     back = HookRecord.decode(json.loads(json.dumps(rec.to_json())))
@@ -97,16 +97,16 @@ def test_requests_and_states_are_bounded_and_round_trip() -> None:
 
 
 def test_verdicts_say_faster_slower_no_difference_or_undecided() -> None:
-    def st(*means: float) -> ts.TrialState:
-        blocks = tuple(_block(ts.is_on(i), m) for i, m in enumerate(means))
-        return ts.TrialState(1, "threads", "2", "done", blocks=blocks, estimate=ts.estimate(blocks))
+    def st(*means: float) -> wire.TrialState:
+        blocks = tuple(_block(wire.is_on(i), m) for i, m in enumerate(means))
+        return wire.TrialState(1, "threads", "2", "done", blocks=blocks, estimate=wire.estimate(blocks))
 
     assert verdict(st(1.0, 1.5, 1.52, 1.0, 1.0, 1.49))["result"] == "faster"
     assert verdict(st(1.5, 1.0, 1.0, 1.52, 1.49, 1.0))["result"] == "slower"
     nodiff = verdict(st(1.0, 1.001, 1.0, 0.999, 1.0, 1.002))
     assert nodiff["result"] == "no difference" and "within ±" in nodiff["text"]
     assert verdict(st(1.0, 2.0, 1.0, 0.7, 1.0, 1.4))["result"] == "undecided"
-    refused = ts.TrialState(1, "interop_threads", "2", "refused", reason="set once per process")
+    refused = wire.TrialState(1, "interop_threads", "2", "refused", reason="set once per process")
     assert verdict(refused)["result"] == "refused"
     assert state_lines(refused) == ["interop_threads=2: refused: set once per process"]
 
@@ -294,7 +294,7 @@ def test_a_dataloader_trial_makes_its_iterators_and_leaves_the_loader_as_it_was(
     assert kinds[:4] == ["_MultiProcessingDataLoaderIter", "_SingleProcessDataLoaderIter",
                          "_SingleProcessDataLoaderIter", "_MultiProcessingDataLoaderIter"]  # fmt: skip
     st = trials.state
-    assert st is not None and st.state == "done" and st.mode == ts.ITERATOR and len(st.blocks) == 4
+    assert st is not None and st.state == "done" and st.mode == wire.ITERATOR and len(st.blocks) == 4
     assert st.restored is True and st.now_value == "0"
 
 
@@ -340,15 +340,15 @@ def test_the_plan_sizes_blocks_to_two_seconds_and_aligns_ranks_on_one_start_step
 
 
 def test_results_reach_the_text_the_report_and_compare() -> None:
-    blocks = tuple(_block(ts.is_on(i), m) for i, m in enumerate((1.0, 1.6, 1.62, 1.0, 1.0, 1.59)))
-    st = ts.TrialState(3, "threads", "2", "done", old="8", reason="decided", blocks=blocks,
-                       estimate=ts.estimate(blocks), restored=True, now_value="8")  # fmt: skip
-    out = Outcome(Plan(ts.TrialRequest(3, "threads", "2"), 0.01), states={11: st}, ranks={11: 0})
+    blocks = tuple(_block(wire.is_on(i), m) for i, m in enumerate((1.0, 1.6, 1.62, 1.0, 1.0, 1.59)))
+    st = wire.TrialState(3, "threads", "2", "done", old="8", reason="decided", blocks=blocks,
+                       estimate=wire.estimate(blocks), restored=True, now_value="8")  # fmt: skip
+    out = Outcome(Plan(wire.TrialRequest(3, "threads", "2"), 0.01), states={11: st}, ranks={11: 0})
     lines = outcome_lines(out)
     assert lines[0].startswith("trial on PID 11 (rank 0): threads=2: 1.6") and "faster" in lines[0]
     assert any("put back: threads is 8 again" in ln for ln in lines)
     assert json.loads(json.dumps(out.to_json()))["verdict"]["result"] == "faster"
-    saved = [{**st.to_json(), "verdict": verdict(st)}]
+    saved = [wire.TrialState.decode(json.loads(json.dumps({**st.to_json(), "verdict": verdict(st)})), "trials[0]")]
     assert "faster" in report_lines(saved)[0]
     c = compare_mod.Comparison(("a", "b"), (1.0, 1.6), 1.6, (10.0, 6.2), (("cpu-bound", 0.9, ""),) * 2, (), (), (),
                                trials=((), tuple(report_lines(saved))))  # fmt: skip
@@ -369,9 +369,9 @@ def test_rules_may_name_a_live_fix_only_for_a_setting_a_trial_changes() -> None:
 def test_an_extreme_interval_stays_publishable() -> None:
     # two pairs on a busy machine: one 100x, one 0.01x: Student's t with 1 df gives an end of ~10**7
     blocks = [_block(True, 0.01), _block(False, 1.0), _block(False, 0.01), _block(True, 1.0)]
-    est = ts.estimate(blocks)
-    assert est is not None and est.hi == ts.RATIO_LIMIT and est.lo == 1 / ts.RATIO_LIMIT
-    state = ts.TrialState(1, "threads", "2", "running", blocks=tuple(blocks), estimate=est)
+    est = wire.estimate(blocks)
+    assert est is not None and est.hi == wire.RATIO_LIMIT and est.lo == 1 / wire.RATIO_LIMIT
+    state = wire.TrialState(1, "threads", "2", "running", blocks=tuple(blocks), estimate=est)
     rec = HookRecord(Instance(10, 1, 1), "3.11", "2.13", 0.0, 12, True, trial=state)
     assert HookRecord.decode(json.loads(json.dumps(rec.to_json()))).trial == state
     assert verdict(state)["result"] == "undecided"

@@ -13,12 +13,12 @@ from rich.console import Console
 from textual.widgets import Log, Static, TabbedContent
 
 from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_session
+from torchwatch import wire
 from torchwatch.faces import report
 from torchwatch.faces.tui.app import WatchApp
 from torchwatch.faces.tui.messages import LogRead, ObservationRead
 from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen, StackScreen
 from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
-from torchwatch.hook import wire
 from torchwatch.model.observation import ProcessRow, SamplingView
 from torchwatch.model.readings import HookState, SourceStatus, Status
 
@@ -531,7 +531,7 @@ def test_memory_panel_shows_the_allocator_the_hook_publishes_and_why_not() -> No
         assert trend.display and trend.data[-2:] == (30 * gib, 70 * gib)  # type: ignore[attr-defined]
 
     run(session, check, size=(120, 30))
-    data = report.build(session.observe())
+    data: dict[str, Any] = report.build(session.observe()).to_json()
     mem = data["hook"]["device_memory"]
     assert {k: mem[k] for k in ("allocated_bytes", "reserved_bytes", "peak_bytes", "why")} == {
         "allocated_bytes": 70 * gib,

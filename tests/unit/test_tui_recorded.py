@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchwatch import wire
 from torchwatch.analysis import features as feats
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.analysis.store import Store
-from torchwatch.hook import trialspec as ts
-from torchwatch.hook import wire
 from torchwatch.model.observation import Observation, SamplingView, SelfUsage, VerdictChange
 from torchwatch.model.readings import (
     GpuSample,
@@ -280,6 +279,9 @@ class RecordedWatch:
         )
         return observe(self.store, tick, self.trends)
 
+    def choose_rank(self, rank: int | None) -> None:
+        """One process: there is no other rank to show."""
+
     def wake(self, why: str) -> None:
         """As the session does: back to the fast cadence."""
         self.wakes.append(why)
@@ -293,10 +295,12 @@ class RecordedWatch:
         """As the session does, without a training: a trial whose "on" blocks are 1.5x faster."""
         self.trials.append(assignment)
         name, _, value = assignment.partition("=")
-        blocks = tuple(ts.TrialBlock(ts.is_on(i), 10 * i, 8, 2, 0.2 if ts.is_on(i) else 0.3, 0.2) for i in range(6))
-        state = ts.TrialState(1, name, value, "done", old="0", reason="decided", blocks=blocks,
-                              estimate=ts.estimate(blocks), restored=True, now_value="0")  # fmt: skip
-        return Outcome(Plan(ts.TrialRequest(1, name, value), 0.25), states={4236: state})
+        blocks = tuple(
+            wire.TrialBlock(wire.is_on(i), 10 * i, 8, 2, 0.2 if wire.is_on(i) else 0.3, 0.2) for i in range(6)
+        )
+        state = wire.TrialState(1, name, value, "done", old="0", reason="decided", blocks=blocks,
+                              estimate=wire.estimate(blocks), restored=True, now_value="0")  # fmt: skip
+        return Outcome(Plan(wire.TrialRequest(1, name, value), 0.25), states={4236: state})
 
 
 def recorded_session(gpus: bool = False, hooked: bool = False) -> RecordedWatch:

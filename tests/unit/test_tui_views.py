@@ -11,6 +11,7 @@ import pytest
 from tests.unit import nvml_replay
 from tests.unit.hookrecords import hook_record
 from tests.unit.test_tui_recorded import MAIN, NOW, WORKERS, RecordedWatch, recorded_session
+from torchwatch import wire
 from torchwatch.analysis import views as rows
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import thread_states
@@ -18,7 +19,6 @@ from torchwatch.analysis.store import Store
 from torchwatch.faces.tui import render, views
 from torchwatch.faces.tui.feed import LogTail, Reader
 from torchwatch.faces.tui.messages import ObservationRead, ReaderFailed
-from torchwatch.hook import wire
 from torchwatch.hook.summary import load_trace, summarize_trace
 from torchwatch.model.observation import Observation, ProcessRow, TargetView
 from torchwatch.model.readings import Frame, HookState, Role, SourceStatus, ThreadSample, Wait

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from torchwatch.hook import summary, wire
+from torchwatch import wire
+from torchwatch.hook import summary
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRACES = [*sorted((FIXTURES / "gpu").glob("trace_*.json.gz")), FIXTURES / "traces" / "cpu_dataloader.json.gz"]

@@ -90,6 +90,8 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
     values["cpu_neighbours"] = (texts or {}).get(
         "cpu_neighbours", "no process torchwatch can see (another container's, or interrupts)"
     )
+    values["mem_limit_source"] = (texts or {}).get("mem_limit_source", "not readable")
+    values["mem_grower"] = (texts or {}).get("mem_grower", "no single process")
     values["suggested_threads"] = _suggested_threads(features)
     cpus = features.get("usable_cpus")
     values["suggested_workers"] = suggested_workers(cpus) if cpus else None
@@ -331,7 +333,7 @@ def finding_order(f: Finding) -> tuple[int, int, int, float, bool]:
 def _trial(template: str, values: Mapping[str, Any]) -> str | None:
     """A fix's ``trial`` filled in, when it is a setting and value a live trial takes (a missing
     reading leaves the fix without one)."""
-    from torchwatch.hook.trialspec import parse_assignment
+    from torchwatch.wire import parse_assignment
 
     text = fill(template, values)
     try:

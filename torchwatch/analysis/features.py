@@ -21,10 +21,10 @@ from typing import Any
 
 from torchwatch.analysis import stacks
 from torchwatch.analysis.store import Window
-from torchwatch.hook.wire import CompileEvent, CompileInfo, GpuSettings, HookRecord, RankStep
 from torchwatch.model.observation import FeatureSpec
 from torchwatch.model.peaks import flop_rate
 from torchwatch.model.readings import GpuSample, HookState, Role, ThreadSample, Wait
+from torchwatch.wire import CompileEvent, CompileInfo, GpuSettings, HookRecord, RankStep
 
 MIN_STACK_SAMPLES = 20  # below this many loop samples the stack shares are None (1 s at 20 Hz)
 MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state shares are None
@@ -195,6 +195,38 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "CPU threads the training runs at once: intra-op threads x ranks + DataLoader workers (1 thread each; "
         "num_workers as set, or alive, the larger)",
     ),
+    ("mem_limit_bytes", "bytes", "cgroup", "the memory limit that applies: the tightest cgroup limit, else RAM + swap"),
+    ("mem_used_bytes", "bytes", "cgroup", "the working set counted against it (usage - inactive file cache)"),
+    ("mem_used_share", "share", "cgroup", "mem_used_bytes / mem_limit_bytes"),
+    (
+        "mem_forecast_s",
+        "s",
+        "cgroup",
+        "time until the working set reaches the limit at the window's pace (shown only for a real, steady rise: "
+        "torchwatch.model.forecast)",
+    ),
+    ("mem_forecast_soonest_s", "s", "cgroup", "the forecast's 95 % interval, soonest end"),
+    ("mem_forecast_latest_s", "s", "cgroup", "the forecast's 95 % interval, latest end (none: no upper bound)"),
+    ("mem_growth_bytes_per_s", "bytes/s", "cgroup", "the working set's growth (Theil-Sen slope of its peaks)"),
+    ("mem_tree_growth_share", "share", "smaps", "the watched tree's share of that growth (its PSS slope / the slope)"),
+    ("cuda_mem_forecast_s", "s", "hook", "time until the allocator's peak reaches the device's memory"),
+    ("cuda_mem_forecast_soonest_s", "s", "hook", "the device forecast's 95 % interval, soonest end"),
+    ("cuda_mem_growth_bytes_per_s", "bytes/s", "hook", "the allocator peak's growth"),
+    (
+        "worker_private_growth_bytes",
+        "bytes",
+        "smaps",
+        "DataLoader workers' private memory (USS) gained since each started, summed",
+    ),
+    ("worker_shared_drop_bytes", "bytes", "smaps", "their shared memory lost since each started, summed"),
+    (
+        "worker_private_growth_bytes_per_s",
+        "bytes/s",
+        "smaps",
+        "the workers' summed private memory's growth, only when it is a real, steady rise",
+    ),
+    ("worker_cow_share", "share", "smaps", "shared memory lost / private memory gained by the workers (copy-on-write)"),
+    ("oom_records", "count", "kmsg+hook", "out-of-memory records made (a process of the tree killed, or CUDA OOM)"),
     ("gpu_count", "count", "nvml", "GPUs read (those the training uses, else all)"),
     ("gpu_util_mean", "%", "nvml", "mean GPU utilization: time with >= 1 kernel running"),
     ("gpu_power_ratio", "share", "nvml", "mean power draw / enforced power limit"),
@@ -1017,7 +1049,7 @@ def _overlap(t0: float, t1: float, spans: Sequence[tuple[float, float]]) -> floa
 
 
 def _compile_features(window: Window, main_pid: int | None) -> Features:
-    """What torch.compile did, from the hook's :class:`~torchwatch.hook.wire.CompileInfo`.
+    """What torch.compile did, from the hook's :class:`~torchwatch.wire.CompileInfo`.
 
     Recompiles in the window are the growth of the hook's count from the window's first reading
     (the last one before the window when :func:`loop_window` kept it) to its last. A step is a
@@ -1109,6 +1141,19 @@ def compile_texts(info: CompileInfo) -> dict[str, str]:
     if hit is not None:
         out["compile_limit_words"] = event_text(hit)
     return out
+
+
+WATCH_FEATURES = frozenset(
+    {
+        "mem_limit_bytes", "mem_used_bytes", "mem_used_share", "mem_forecast_s", "mem_forecast_soonest_s",
+        "mem_forecast_latest_s", "mem_growth_bytes_per_s", "mem_tree_growth_share", "cuda_mem_forecast_s",
+        "cuda_mem_forecast_soonest_s", "cuda_mem_growth_bytes_per_s", "worker_private_growth_bytes",
+        "worker_shared_drop_bytes", "worker_private_growth_bytes_per_s", "worker_cow_share", "oom_records",
+    }
+)  # fmt: skip
+"""Features of the catalogue that :func:`compute` does not make: the memory watch makes them from
+minutes of readings (:meth:`torchwatch.watch.memwatch.MemoryWatch.features`), and the session adds
+them to every analysis."""
 
 
 def texts(window: Window, main_pid: int | None) -> dict[str, str]:

@@ -162,7 +162,8 @@ _COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
 _WORKER_LOOP = "torch/utils/data/_utils/worker.py"
 
 
-_OWN_FILES = ("/torchwatch/hook/",)  # the hook's wrappers sit in the training's stacks: not the user's code
+# the hook's wrappers (and the channel's writers they call) sit in the training's stacks: not the user's code
+_OWN_FILES = ("/torchwatch/hook/", "/torchwatch/wire/")
 
 
 def _norm(filename: str) -> str:
@@ -171,7 +172,7 @@ def _norm(filename: str) -> str:
 
 def user_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost frame of the user's code: outside the standard library, site-packages and
-    torchwatch's hook (:func:`~torchwatch.analysis.stacks.top_frame` less the hook's frames)."""
+    torchwatch's hook (:func:`~torchwatch.analysis.stacks.top_frame` less the hook's and its channel's frames)."""
     return top_frame([f for f in frames if not any(p in _norm(f.filename) for p in _OWN_FILES)])
 
 

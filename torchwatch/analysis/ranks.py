@@ -4,7 +4,7 @@ Each rank is diagnosed on its own (its features, its rules); this module compare
 synchronous data parallelism every rank's step lasts as long as the slowest's, so the step time
 names no straggler: the rank that reaches the gradient all-reduce last does, and the others
 wait for it inside the collective. Per rank (medians over the window's steps, from the hook's
-counters, :class:`~torchwatch.hook.wire.RankStep`): the time to reach backward (data wait +
+counters, :class:`~torchwatch.wire.RankStep`): the time to reach backward (data wait +
 forward and other host work) and the time blocked on peers.
 
 Straggler score, as TraceML defines it (github.com/traceopt-ai/traceml, its step-time

@@ -22,7 +22,8 @@ A rule file::
 
 Expressions use :mod:`torchwatch.analysis.expr` (no ``eval``); templates are ``str.format`` fields
 naming features or :data:`TEMPLATE_VALUES`, with a number format spec (``{x:.0%}``) or the
-spec ``bytes`` (``{rss_bytes:bytes}`` prints ``3.2 GiB``), no attribute or index access.
+spec ``bytes`` (``{rss_bytes:bytes}`` prints ``3.2 GiB``) or ``duration`` (``{mem_forecast_s:duration}`` prints
+``3 min 10 s``), no attribute or index access.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from torchwatch.analysis import expr
 from torchwatch.analysis.features import CATALOGUE
 from torchwatch.model.errors import RuleError, UsageError
 from torchwatch.model.labels import LABELS
-from torchwatch.model.units import human_bytes
+from torchwatch.model.units import human_bytes, human_duration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,6 +68,9 @@ TEMPLATE_VALUES = {
     "compile_break_words": "text: the last graph break in words, with its file:line and source line",
     "compile_break_hint": "text: torch's own hint for that graph break ('none' when it gives none)",
     "compile_limit_words": "text: the last recompile-limit hit in words, with the last recompile's reason",
+    "mem_limit_source": "text: where the memory limit comes from, e.g. 'cgroup v2 memory.max of /sys/fs/cgroup/x'",
+    "mem_grower": "text: the process whose private memory grows fastest, e.g. 'worker 123: private +3.0 MiB/s, "
+    "shared -2.9 MiB/s (copy-on-write ...)'",
 }
 _KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes", "scope"}
 SCOPES = ("loop", "machine", "demand")
@@ -136,7 +140,7 @@ def _check_template(template: Any, what: str) -> str:
             raise ValueError(f"{what}: conversion !{conv} not allowed")
         if spec and "{" in spec:
             raise ValueError(f"{what}: nested fields not allowed")
-        if spec == "bytes":
+        if spec in ("bytes", "duration"):
             continue
         try:
             format(0.5, spec or "")
@@ -157,6 +161,8 @@ def fill(template: str, values: Mapping[str, Any]) -> str:
             out.append("n/a")
         elif spec == "bytes" and isinstance(value, (int, float)):
             out.append(human_bytes(value))
+        elif spec == "duration" and isinstance(value, (int, float)):
+            out.append(human_duration(value))
         else:
             out.append(format(value, spec or ""))
     return "".join(out)
@@ -270,12 +276,12 @@ def parse_rule(text: str, path: str) -> Rule:
 
 def _check_trial(value: object, where: str) -> str:
     """A fix's ``trial``: ``SETTING={template}`` naming a setting a live trial may change
-    (:data:`torchwatch.hook.trialspec.SETTINGS`, not one it refuses).
+    (:data:`torchwatch.wire.SETTINGS`, not one it refuses).
 
     Raises:
         ValueError: not a string, no ``=``, an unknown or refused setting, a bad template.
     """
-    from torchwatch.hook.trialspec import find_setting
+    from torchwatch.wire import find_setting
 
     text = _check_template(value, where)
     name, sep, rest = text.partition("=")

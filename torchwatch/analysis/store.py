@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from torchwatch.model.memory import MemorySample
 from torchwatch.model.readings import (
     GpuSample,
     HookState,
@@ -33,6 +34,7 @@ class Window:
     gpus: list[GpuSample] = field(default_factory=list)
     stacks: list[StackSample] = field(default_factory=list)
     hook: list[HookState] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
@@ -47,6 +49,7 @@ _KINDS: dict[type, str] = {
     GpuSample: "gpus",
     StackSample: "stacks",
     HookState: "hook",
+    MemorySample: "memory",
 }
 
 

@@ -1,6 +1,6 @@
 """DataLoader worker counts to suggest, from the usable CPUs.
 
-The usable CPUs (affinity and cgroup quota) come from :func:`torchwatch.hook.cpus.usable_cpus`
+The usable CPUs (affinity and cgroup quota) come from :func:`torchwatch.wire.cpus.usable_cpus`
 (standard library only: the hook runs it inside the training too). ``os.cpu_count()`` alone is
 wrong in containers and under ``taskset``: num_workers advice must respect the quota and affinity.
 """

@@ -576,7 +576,7 @@ def _quiet_stdout() -> None:
 
 
 def _trial_settings() -> tuple[Any, ...]:
-    from torchwatch.hook.trialspec import SETTINGS
+    from torchwatch.wire import SETTINGS
 
     return SETTINGS
 

@@ -328,10 +328,10 @@ def run_checks(pid: int | None, m: Machine) -> list[tuple[Finding, bool]]:
     Returns:
         ``[(finding, needed)]`` in print order.
     """
-    from torchwatch.hook import publish
-    from torchwatch.hook.cpus import usable_cpus
+    from torchwatch import wire
     from torchwatch.sources.pyspy import find_pyspy
     from torchwatch.watch.target import check_attachable
+    from torchwatch.wire import usable_cpus
 
     host = facts.read_host(m.proc)
     out: list[Finding] = [check_proc(m.proc, m.read_self or _psutil_self), check_ptrace(host)]
@@ -355,7 +355,7 @@ def run_checks(pid: int | None, m: Machine) -> list[tuple[Finding, bool]]:
         affinity = os.cpu_count() or 1
     out.append(check_cpu_quota(affinity, usable_cpus(pid if pid is not None else "self")))
     out.append(check_shm(_shm_bytes(m.shm)))
-    out.append(check_hook_dir(publish.base_dir(m.environ), os.geteuid()))
+    out.append(check_hook_dir(wire.base_dir(m.environ), os.geteuid()))
     if target is not None:
         plan = checks.evaluate(host, target, missing_injector=checks.injector_missing())
         for f in plan.findings:

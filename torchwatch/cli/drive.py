@@ -32,11 +32,13 @@ import psutil
 from torchwatch.analysis.rules_engine import Rule, load_rules
 from torchwatch.cli.injecting import Injected, detach_hook, inject_hook, inject_job, job_report
 from torchwatch.faces import hang, report
+from torchwatch.faces import memory as memfaces
 from torchwatch.faces.headless import status_line
 from torchwatch.inject.injector import Injector
 from torchwatch.model import files
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.model.observation import Observation
+from torchwatch.model.report import InjectionReport, MemoryReport
 from torchwatch.model.text import terminal_safe
 from torchwatch.watch.job import distinct_trainings, find_job, several_trainings_error
 from torchwatch.watch.lifecycle import (
@@ -555,6 +557,21 @@ def _write_hang_file(obs: Observation, report_path: Path) -> None:
         _emit(f"torchwatch: hang record written to {path}", sys.stderr, fatal=False)
 
 
+def _write_memory_file(memory: MemoryReport | None, report_path: Path) -> None:
+    """The out-of-memory records in full in ``<report stem>.memory.txt`` beside the report, written as
+    the report is (a new file renamed into place, never through a symlink), mode 0600 (stacks and
+    command names are the operator's); nothing when none was recorded."""
+    if memory is None or not memory.records:
+        return
+    path = memfaces.memory_path(report_path)
+    try:
+        report.write_atomic(path, memfaces.memory_file_text(memory, report_path.name), HANG_FILE_MODE)
+    except OSError as exc:
+        print(f"torchwatch: error: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+    else:
+        _emit(f"torchwatch: memory record written to {path}", sys.stderr, fatal=False)
+
+
 def _write_reports(
     session: Session,
     child: Launched | None,
@@ -568,7 +585,8 @@ def _write_reports(
     output (TUI) and the text report; whether the JSON report (if asked for) was written."""
     obs = session.final_observation()
     pid = obs.target.pid
-    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s, injection=injection)
+    injected = None if injection is None else InjectionReport.from_json(injection)
+    data = report.build(obs, ended_by=ending.by, exit_code=ending.code, watched_s=watched_s, injection=injected)
     text = report.render_text(data)
     if opts.json_path == "-":
         _emit(text, sys.stderr, fatal=False)
@@ -590,6 +608,7 @@ def _write_reports(
             if target != Path(opts.json_path).expanduser():
                 _emit(f"torchwatch: JSON report written to {target}", sys.stderr, fatal=False)
             _write_hang_file(obs, target)
+            _write_memory_file(data.memory, target)
     if log_path is not None:
         _show_log(log_path)
     _emit(text, sys.stdout)

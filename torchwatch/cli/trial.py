@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from torchwatch import wire
 from torchwatch.cli.burst import emit_result
 from torchwatch.faces import report
 from torchwatch.faces.trial import block_lines, outcome_lines
-from torchwatch.hook import trialspec as ts
 from torchwatch.model.trials import Outcome
 from torchwatch.watch.target import check_attachable, parse_pid
 from torchwatch.watch.trials import check_assignment, plan_trial, readers_for, run_trial
@@ -38,9 +38,9 @@ def trial_command(
     readers = readers_for(pid)
     plan = plan_trial(readers, assignment, block_steps=steps, max_s=max_s, keep=keep, allow_numerics=allow_numerics)
     req = plan.request
-    setting = ts.find_setting(req.setting)
+    setting = wire.find_setting(req.setting)
     assert setting is not None
-    if setting.mode == ts.STEPS:
+    if setting.mode == wire.STEPS:
         how = f"blocks of {req.block_steps} steps ({req.warmup} dropped after each switch)"
     else:
         how = "one epoch per block (a DataLoader setting takes effect at a new iterator)"
@@ -54,7 +54,7 @@ def trial_command(
     shown = [0]
     first = readers[0].pid
 
-    def progress(states: dict[int, ts.TrialState | None]) -> None:
+    def progress(states: dict[int, wire.TrialState | None]) -> None:
         st = states.get(first)
         if st is None:
             return

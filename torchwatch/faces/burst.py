@@ -1,14 +1,14 @@
 """A profiler burst's summary for people: the lines ``torchwatch burst`` and the text report print.
 
-A function of the typed result the hook publishes (:class:`~torchwatch.hook.wire.BurstResult`):
+A function of the typed result the hook publishes (:class:`~torchwatch.wire.BurstResult`):
 the step-time breakdown, the GPU's idle time and its split, pageable copies, the heaviest
 operators and kernels, and where the trace is.
 """
 
 from __future__ import annotations
 
-from torchwatch.hook.wire import BurstResult
 from torchwatch.model.units import fmt_bytes, fmt_ms, fmt_share
+from torchwatch.wire import BurstResult
 
 
 def burst_lines(burst: BurstResult | None) -> list[str]:

@@ -1,8 +1,10 @@
 """``torchwatch compare A.json B.json``: did the change help? Two JSON reports side by side.
 
-A pure function of two reports (:func:`compare`) and two renderings of its result, text for a
-terminal and Markdown for a pull-request comment. :func:`load_report` reads a report file as
-torchwatch wrote it and refuses anything else with one line (exit 2).
+A pure function of two reports (:func:`compare`, on the typed
+:class:`~torchwatch.model.report.Report`) and two renderings of its result, text for a terminal
+and Markdown for a pull-request comment. :func:`load_report` reads a report file as torchwatch
+wrote it, decodes and checks it once (:meth:`Report.from_json
+<torchwatch.model.report.Report.from_json>`), and refuses anything else with one line (exit 2).
 
 What it says:
 
@@ -21,29 +23,29 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
-from torchwatch.faces.report import SCHEMA
 from torchwatch.faces.trial import report_lines
-from torchwatch.hook.wire import LOADER_SETTINGS
 from torchwatch.model.errors import UsageError
+from torchwatch.model.report import SCHEMA, Report, ReportError
 from torchwatch.model.text import escape, terminal_safe
 from torchwatch.model.units import MIB, amp_words, fmt_value
+from torchwatch.wire import LOADER_SETTINGS
 
 __all__ = [
     "MAX_REPORT_BYTES",
-    "REPORT_FIELDS",
     "Comparison",
     "compare",
+    "compare_files",
     "load_report",
     "render_markdown",
     "render_text",
+    "settings",
 ]
 
 MAX_REPORT_BYTES = 64 << 20  # a report is a few hundred KiB at most; anything bigger is not one
+MAX_TRIALS = 16  # trials listed per report (the report keeps at most 16)
 TOP_FEATURES = 8
 MIN_MOVE = 0.05  # below 5 points (shares) or 5 % (other values) a feature did not move
 # Below these magnitudes a relative change means nothing: 10 KiB/s of reads going to 0 is not a move.
@@ -62,19 +64,21 @@ _NOT_MOVES = (
     "step_time_p",
 )
 _FIX = "give two JSON reports written by torchwatch run/attach --json PATH"
+_FIX_VERSION = f"compare reports of one major version: this torchwatch writes and reads {SCHEMA}"
 
 
-def load_report(path: str) -> dict[str, Any]:
-    """Read a torchwatch JSON report.
+def load_report(path: str) -> Report:
+    """Read, decode and check a torchwatch JSON report.
 
     The file must be a regular file (a FIFO or device is refused before it is read) of at most
-    :data:`MAX_REPORT_BYTES`, hold a JSON object with ``schema`` ``torchwatch.report/1`` and the
-    keys :func:`compare` reads with their types.
+    :data:`MAX_REPORT_BYTES` bytes, hold a JSON object with ``schema`` ``torchwatch.report/1``
+    (or a newer minor version of it: keys it does not know are skipped) and every key of
+    :class:`~torchwatch.model.report.Report` with its type.
 
     Raises:
-        UsageError: missing, unreadable, too large, not JSON, not a torchwatch report, or a field
-            compare reads is missing or of the wrong type (:data:`REPORT_FIELDS`; the message
-            names the field) (exit 2).
+        UsageError: missing, unreadable, too large, not JSON, not a torchwatch report, another
+            major version (the message names both), or a key missing or of the wrong type (the
+            message names it and the version) (exit 2).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -94,98 +98,10 @@ def load_report(path: str) -> dict[str, Any]:
         raise UsageError(f"{path} is not JSON{where}", _FIX) from None
     except RecursionError:
         raise UsageError(f"{path} is JSON nested too deeply for a torchwatch report", _FIX) from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise UsageError(f"{path} is not a torchwatch report (schema {found!r}, expected {SCHEMA!r})", _FIX)
-    problem = _field_problem(data)
-    if problem:
-        raise UsageError(f"{path} is a malformed torchwatch report: {problem}", _FIX)
-    return data
-
-
-# Every field compare reads, with its JSON type: (dotted name, type, required). A field that is
-# not required may be missing or null; a field under a missing or null object is not looked at.
-REPORT_FIELDS: tuple[tuple[str, str, bool], ...] = (
-    ("target", "object", True),
-    ("target.cmdline", "list of strings", False),
-    ("verdict", "object", True),
-    ("verdict.label", "string", True),
-    ("verdict.confidence", "number", True),
-    ("verdict.summary", "string", False),
-    ("features", "object", True),
-    ("feature_units", "object of strings", False),
-    ("findings", "list", True),
-    ("hook", "object", False),
-    ("hook.steps_per_s", "number", False),
-    ("hook.step_time_ms", "object", False),
-    ("hook.step_time_ms.p50", "number", False),
-    ("hook.dataloader", "object", False),
-    ("hook.amp", "object", False),
-    ("hook.amp.autocast", "boolean", False),
-    ("hook.amp.dtype", "string", False),
-    ("hook.amp.device_type", "string", False),
-    ("hook.amp.grad_scaler", "boolean", False),
-    ("hook.gpu_settings", "object", False),
-    ("ranks", "list", False),
-    ("window", "object", False),
-    ("window.seconds", "number", False),
-    ("host", "string", False),
-    ("created", "string", False),
-)
-
-
-def _json_kind(value: Any) -> str:
-    """``value``'s JSON type, in words."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "a list" if isinstance(value, list) else "an object"
-
-
-def _is(value: Any, kind: str) -> bool:
-    if kind == "object":
-        return isinstance(value, dict)
-    if kind == "list":
-        return isinstance(value, list)
-    if kind == "string":
-        return isinstance(value, str)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "list of strings":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    assert kind == "object of strings", kind
-    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
-
-
-def _field_problem(data: Mapping[str, Any]) -> str:
-    """The first field of :data:`REPORT_FIELDS` that is missing or of the wrong type, in words
-    (``'verdict.label' is a number, expected a string``); ``""`` when all are right."""
-    for name, kind, required in REPORT_FIELDS:
-        *parents, key = name.split(".")
-        holder: Any = data
-        for part in parents:
-            holder = holder.get(part) if isinstance(holder, dict) else None
-        if not isinstance(holder, dict):
-            continue  # its object is optional and absent (a wrong type is said at the object)
-        value = holder.get(key)
-        if value is None:
-            if required:
-                return f"{name!r} is missing, expected {_article(kind)}"
-            continue
-        if not _is(value, kind):
-            return f"{name!r} is {_json_kind(value)}, expected {_article(kind)}"
-    return ""
-
-
-def _article(kind: str) -> str:
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+    try:
+        return Report.from_json(data)
+    except ReportError as exc:
+        raise UsageError(f"{path} is {exc}", _FIX_VERSION if exc.other_major else _FIX) from None
 
 
 @dataclass(frozen=True)
@@ -212,6 +128,7 @@ class Comparison:
         differ: ``(setting, A's value, B's value)`` of the settings that differ, in order.
         same: ``(setting, value)`` of those the two share.
         moves: the features that moved most, largest first.
+        trials: the live trials of A and of B, one line each.
     """
 
     names: tuple[str, str]
@@ -230,72 +147,56 @@ class Comparison:
         return None if self.speedup is None else 100 * (self.speedup - 1)
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _steps_per_s(report: Report) -> float | None:
+    value = None if report.hook is None else report.hook.steps_per_s
+    return value if value is not None else report.features.get("hook_steps_per_s")
 
 
-def _hook(report: Mapping[str, Any]) -> Mapping[str, Any]:
-    hook = report.get("hook")
-    return hook if isinstance(hook, Mapping) else {}
+def _step_ms(report: Report) -> float | None:
+    times = None if report.hook is None else report.hook.step_time_ms
+    value = None if times is None else times.p50
+    return value if value is not None else report.features.get("step_time_p50_ms")
 
 
-def _steps_per_s(report: Mapping[str, Any]) -> float | None:
-    value = _number(_hook(report).get("steps_per_s"))
-    return value if value is not None else _number(report["features"].get("hook_steps_per_s"))
-
-
-def _step_ms(report: Mapping[str, Any]) -> float | None:
-    times = _hook(report).get("step_time_ms")
-    value = _number(times.get("p50")) if isinstance(times, Mapping) else None
-    return value if value is not None else _number(report["features"].get("step_time_p50_ms"))
-
-
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if value is None:
         return "n/a"
-    if isinstance(value, bool):
-        return str(value)
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
 
 
-def settings(report: Mapping[str, Any]) -> dict[str, str]:
+def settings(report: Report) -> dict[str, str]:
     """The settings a report carries, ``{name: value as text}`` in a stable order: the command,
-    the DataLoader's, usable CPUs, AMP, the GPU settings, torch, the ranks, the window."""
-    hook = _hook(report)
-    out: dict[str, str] = {"command": " ".join(escape(str(a)) for a in report["target"].get("cmdline") or [])}
-    loader = hook.get("dataloader")
-    if isinstance(loader, Mapping):
-        out.update({name: _text(loader.get(name)) for name in LOADER_SETTINGS})
-    if "usable_cpus" in hook:
-        out["usable CPUs"] = _text(hook.get("usable_cpus"))
-    amp = hook.get("amp")
-    if isinstance(amp, Mapping):
-        out["AMP"] = amp_words(
-            bool(amp.get("autocast")), amp.get("dtype"), amp.get("device_type"), bool(amp.get("grad_scaler"))
-        )
-    gpu = hook.get("gpu_settings")
-    if isinstance(gpu, Mapping):
-        out.update({str(k): _text(v) for k, v in gpu.items()})
-    if hook.get("torch"):
-        out["torch"] = _text(hook.get("torch"))
-    ranks = report.get("ranks")
-    out["ranks"] = str(len(ranks)) if isinstance(ranks, list) and ranks else "1"
-    window = report.get("window")
-    if isinstance(window, Mapping):
-        out["window s"] = _text(window.get("seconds"))
+    the DataLoader's, usable CPUs, AMP, the GPU settings, torch, the ranks, the window (s)."""
+    hook = report.hook
+    out: dict[str, str] = {"command": " ".join(escape(a) for a in report.target.cmdline)}
+    if hook is not None:
+        if hook.dataloader is not None:
+            out.update({name: _text(getattr(hook.dataloader, name)) for name in LOADER_SETTINGS})
+        if hook.measured:
+            out["usable CPUs"] = _text(hook.usable_cpus)
+        if hook.amp is not None:
+            amp = hook.amp
+            out["AMP"] = amp_words(amp.autocast, amp.dtype, amp.device_type, amp.grad_scaler)
+        if hook.gpu_settings is not None:
+            out.update({f.name: _text(getattr(hook.gpu_settings, f.name)) for f in fields(hook.gpu_settings)})
+        if hook.torch:
+            out["torch"] = hook.torch
+    out["ranks"] = str(len(report.ranks)) if report.ranks else "1"
+    out["window s"] = _text(report.window.seconds)
     return out
 
 
-def _moves(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Move]:
-    units: Mapping[str, str] = {**(a.get("feature_units") or {}), **(b.get("feature_units") or {})}
+def _moves(a: Report, b: Report) -> list[Move]:
+    units = {**a.feature_units, **b.feature_units}
     out = []
-    for name, va in a["features"].items():
-        x, y = _number(va), _number(b["features"].get(name))
-        unit = str(units.get(name, ""))
+    for name, x in a.features.items():
+        y = b.features.get(name)
+        unit = units.get(name, "")
         if x is None or y is None or unit in ("count", "flag") or name.startswith(_NOT_MOVES):
             continue
+        x, y = float(x), float(y)
         if unit == "share":
             score = abs(y - x)
         elif unit == "%":
@@ -308,14 +209,14 @@ def _moves(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Move]:
     return sorted(out, key=lambda m: (-m.score, m.name))[:TOP_FEATURES]
 
 
-def _name(path: str, report: Mapping[str, Any]) -> str:
-    cmd = " ".join(escape(str(a)) for a in report["target"].get("cmdline") or []) or "?"
-    parts = [cmd, *(str(report[k]) for k in ("host", "created") if report.get(k))]
+def _name(path: str, report: Report) -> str:
+    cmd = " ".join(escape(a) for a in report.target.cmdline) or "?"
+    parts = [cmd, *(v for v in (report.host, report.created) if v)]
     return f"{path} ({', '.join(parts)})"
 
 
-def compare(a: Mapping[str, Any], b: Mapping[str, Any], names: tuple[str, str] = ("A", "B")) -> Comparison:
-    """Compare report ``a`` (before) with ``b`` (after); both as :func:`load_report` returns them.
+def compare(a: Report, b: Report, names: tuple[str, str] = ("A", "B")) -> Comparison:
+    """Compare report ``a`` (before) with ``b`` (after), as :func:`load_report` returns them.
 
     Args:
         names: what to call them (their file paths).
@@ -326,9 +227,8 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], names: tuple[str, str] =
     differ = tuple((k, seta.get(k, "n/a"), setb.get(k, "n/a")) for k in {**seta, **setb} if seta.get(k) != setb.get(k))
     same = tuple((k, v) for k, v in seta.items() if setb.get(k) == v)
 
-    def verdict(r: Mapping[str, Any]) -> tuple[str, float, str]:
-        v = r["verdict"]
-        return str(v["label"]), float(v["confidence"]), str(v.get("summary") or "")
+    def verdict(r: Report) -> tuple[str, float, str]:
+        return r.verdict.label, float(r.verdict.confidence), r.verdict.summary
 
     return Comparison(
         names=(_name(names[0], a), _name(names[1], b)),
@@ -339,14 +239,8 @@ def compare(a: Mapping[str, Any], b: Mapping[str, Any], names: tuple[str, str] =
         differ=differ,
         same=same,
         moves=tuple(_moves(a, b)),
-        trials=(tuple(report_lines(_trials(a))), tuple(report_lines(_trials(b)))),
+        trials=(tuple(report_lines(a.trials[:MAX_TRIALS])), tuple(report_lines(b.trials[:MAX_TRIALS]))),
     )
-
-
-def _trials(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The report's live trials (a report from before trials has none)."""
-    trials = report.get("trials")
-    return [t for t in trials if isinstance(t, Mapping)][:16] if isinstance(trials, list) else []
 
 
 def _throughput(c: Comparison) -> str:

@@ -1,20 +1,21 @@
 """torch.compile's health and the model's FLOP rate, for people: the lines the text report, the
 headless status line and the TUI show.
 
-Functions of the typed readings a rank carries (:class:`~torchwatch.hook.wire.CompileInfo`,
-:class:`~torchwatch.model.peaks.FlopRate`) or of their JSON form in the report.
+Functions of the typed readings a rank carries (:class:`~torchwatch.wire.CompileInfo`,
+:class:`~torchwatch.model.peaks.FlopRate`), or of their form in a report
+(:class:`~torchwatch.model.report.FlopsReport`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from torchwatch.hook.wire import CompileEvent, CompileInfo, WireError
 from torchwatch.model.peaks import FlopRate, fmt_flops
+from torchwatch.model.report import FlopsReport, RankRow
 from torchwatch.model.units import fmt_share
+from torchwatch.wire import CompileEvent, CompileInfo
 
-__all__ = ["compile_lines", "compile_news", "compile_summary", "event_line", "flop_json", "flop_line", "flop_lines"]
+__all__ = ["compile_lines", "compile_news", "compile_summary", "event_line", "flop_line", "flop_lines", "flops_report"]
 
 _KIND = {"recompile": "recompiled", "graph_break": "graph break", "cache_limit": "recompile limit"}
 
@@ -60,14 +61,9 @@ def compile_summary(info: CompileInfo | None) -> str | None:
     return "torch.compile: " + ", ".join(parts)
 
 
-def compile_lines(info: CompileInfo | Mapping[str, Any] | None, indent: str = "  ") -> list[str]:
-    """The summary line and each event (newest last), for the text report (``info`` may be the
-    report's JSON object)."""
-    if isinstance(info, Mapping):
-        try:
-            info = CompileInfo.decode(dict(info), "compile")
-        except WireError as exc:
-            return [f"{indent}torch.compile: unreadable ({exc})"]
+def compile_lines(info: CompileInfo | None, indent: str = "  ") -> list[str]:
+    """The summary line and each event (newest last), for the text report (nothing before
+    anything compiled)."""
     head = compile_summary(info)
     if info is None or head is None:
         return []
@@ -95,11 +91,12 @@ def flop_lines(rates: Mapping[int, FlopRate | None], indent: str = "  ") -> list
     return [f"{indent}rank {r}: {text}" for r, text in lines]
 
 
-def flop_json(rate: FlopRate | None) -> dict[str, Any] | None:
-    """The report's ``flops`` object: :meth:`FlopRate.to_json` and ``text`` (:func:`flop_line`)."""
-    return None if rate is None else {**rate.to_json(), "text": flop_line(rate)}
+def flops_report(rate: FlopRate | None) -> FlopsReport | None:
+    """The report's ``flops``: the rate as :meth:`FlopRate.to_json` has it, and ``text``
+    (:func:`flop_line`); ``None`` without a count."""
+    return None if rate is None else FlopsReport.of(rate, flop_line(rate))
 
 
-def rank_flop_lines(ranks: list[Mapping[str, Any]]) -> list[str]:
+def rank_flop_lines(ranks: Sequence[RankRow]) -> list[str]:
     """``  rank N: FLOPs ...`` for each rank of the report's ``ranks`` that has a count."""
-    return [f"  rank {r['rank']}: {r['flops']['text']}" for r in ranks if isinstance(r.get("flops"), Mapping)]
+    return [f"  rank {r.rank}: {r.flops.text}" for r in ranks if r.flops is not None]

@@ -28,7 +28,7 @@ table, and how Prometheus compares the ranks of a job across nodes with them):
 Cardinality: no PID or path is a label value but ``pid:PID`` for a training that has no job
 key, and a node holds at most ``--max-trainings`` (16) of those at once, one per training as a
 job id would be. A node exports at most ``--max-trainings`` trainings x their ranks
-(:data:`~torchwatch.hook.wire.MAX_RANKS`) rank label sets.
+(:data:`~torchwatch.wire.MAX_RANKS`) rank label sets.
 
 A value torchwatch did not measure has no sample (never 0), as in the report.
 """

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from torchwatch.hook import trialspec as ts
+from torchwatch import wire
 from torchwatch.model.trials import Outcome, verdict
 
 GUARANTEE = {
@@ -24,7 +23,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def block_lines(blocks: Sequence[ts.TrialBlock]) -> list[str]:
+def block_lines(blocks: Sequence[wire.TrialBlock]) -> list[str]:
     """One line per block: its number, on/off, steps measured (dropped), mean and median step."""
     return [
         f"  block {i + 1:2d}  {'on ' if b.on else 'off'}  {b.steps:4d} steps"
@@ -34,7 +33,7 @@ def block_lines(blocks: Sequence[ts.TrialBlock]) -> list[str]:
     ]
 
 
-def state_lines(state: ts.TrialState, blocks: bool = True) -> list[str]:
+def state_lines(state: wire.TrialState, blocks: bool = True) -> list[str]:
     """The trial of one process: its verdict, what was guaranteed, what was put back, its blocks."""
     v = verdict(state)
     lines = [v["text"]]
@@ -52,7 +51,7 @@ def state_lines(state: ts.TrialState, blocks: bool = True) -> list[str]:
         lines.append(f"  NOT put back: {state.setting} reads {state.now_value!r}, was {state.old!r}")
     elif state.old:
         lines.append(f"  unchanged: {state.setting} stayed {state.old}")
-    if state.mode == ts.ITERATOR and state.state != "refused":
+    if state.mode == wire.ITERATOR and state.state != "refused":
         lines.append("  (a DataLoader setting: each block is one epoch, made with or without it)")
     if blocks and state.blocks:
         lines += block_lines(state.blocks)
@@ -90,14 +89,7 @@ def outcome_lines(out: Outcome) -> list[str]:
     return lines
 
 
-def report_lines(trials: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The report's ``trials`` (saved :class:`TrialState` JSON objects) as one line each."""
-    lines = []
-    for t in trials:
-        try:
-            st = ts.TrialState.decode(t, "trial")
-        except ValueError as exc:
-            lines.append(f"  (a trial the report cannot read: {exc})")
-            continue
-        lines.append("  " + verdict(st)["text"] + ("" if st.restored is not False else "  NOT put back"))
-    return lines
+def report_lines(trials: Sequence[wire.TrialState]) -> list[str]:
+    """The report's ``trials`` (:attr:`torchwatch.model.report.Report.trials`) as one line each:
+    the verdict, and ``NOT put back`` when the old value could not be restored."""
+    return ["  " + verdict(st)["text"] + ("" if st.restored is not False else "  NOT put back") for st in trials]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Python processes that are not the training even though they inherit its environment (one list,
 # shared with torchwatch's role assignment).
-from torchwatch.hook.roles import HELPER_MODULE_PREFIXES, HELPER_SCRIPT_DIRS, LAUNCHER_MODULES, LAUNCHER_SCRIPTS
+from torchwatch.wire import HELPER_MODULE_PREFIXES, HELPER_SCRIPT_DIRS, LAUNCHER_MODULES, LAUNCHER_SCRIPTS
 
 __all__ = ["install", "should_install"]
 
@@ -67,7 +67,7 @@ def should_install(argv: Sequence[str] | None = None, spawn_mark: str | None = N
 
 def _env_signal() -> tuple[int, str]:
     """The burst signal from ``$TORCHWATCH_SIGNAL`` (SIGUSR2 by default), or ``(0, why)``."""
-    from torchwatch.hook import wire
+    from torchwatch import wire
 
     text = os.environ.get("TORCHWATCH_SIGNAL")
     if not text:
@@ -126,14 +126,15 @@ def install(
             are off too (and the state says so).
         burst_at: optimizer step counts at which to run a burst by itself; default
             ``$TORCHWATCH_BURST_AT`` (comma-separated).
-        directory: where to publish; default :func:`torchwatch.hook.publish.base_dir`.
+        directory: where to publish; default :func:`torchwatch.wire.files.base_dir`.
 
     Returns:
         True when the hook is installed (now, or when torch is imported); False in a process it
         does not belong in (DataLoader worker, launcher) or when it could not start.
     """
     try:
-        from torchwatch.hook import publish, ranks, runtime, wire
+        from torchwatch import wire
+        from torchwatch.hook import ranks, runtime
 
         mark = ranks.take_spawn_mark()  # first: never passed on to this process's own children
         if runtime.current() is not None:
@@ -143,7 +144,7 @@ def install(
             return False
         steps = _env_burst_at() if burst_at is None else tuple(int(s) for s in burst_at)
         _scrub_preload_env()  # after reading TORCHWATCH_BURST_AT, one of the variables it removes
-        base = Path(directory) if directory is not None else publish.base_dir()
+        base = Path(directory) if directory is not None else wire.base_dir()
         if signum is None:
             sig, why = _env_signal()
         else:

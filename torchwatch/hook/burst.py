@@ -54,7 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import flops, publish, wire
+from torchwatch import wire
+from torchwatch.hook import flops
 
 BurstParams = wire.BurstRequest  # the bounds of one burst, as torchwatch's request.json gives them
 ARM_MAX_S = 300.0  # a burst waiting for its start_step gives up after this long
@@ -485,16 +486,16 @@ class Burster:
         Raises:
             OSError: a folder cannot be made or fails a check.
         """
-        base_fd = publish.prepare_dir(self.trace_root, parents=True)
+        base_fd = wire.prepare_dir(self.trace_root, parents=True)
         try:
             group = self.params.group
             if group is not None:
-                return publish.private_subdir(base_fd, group), self.trace_root / group
-            run_fd = publish.private_subdir(base_fd, self.run)
+                return wire.private_subdir(base_fd, group), self.trace_root / group
+            run_fd = wire.private_subdir(base_fd, self.run)
         finally:
             os.close(base_fd)
         try:
-            return publish.private_subdir(run_fd, f"burst-{n}"), self.trace_root / self.run / f"burst-{n}"
+            return wire.private_subdir(run_fd, f"burst-{n}"), self.trace_root / self.run / f"burst-{n}"
         finally:
             os.close(run_fd)
 
@@ -572,9 +573,9 @@ class Burster:
             where, name = self.trace_root / self.run, f"burst-{n}.summary.json"
         else:
             where, name = self.trace_root, f"{group}.{self._stem()}.{n}.summary.json"
-        fd = publish.open_dir(where, (os.geteuid(),), private=group is None)
+        fd = wire.open_dir(where, (os.geteuid(),), private=group is None)
         try:
-            publish.write_atomic(fd, name, publish.encode_json(last.to_json()))
+            wire.write_atomic(fd, name, wire.encode_json(last.to_json()))
         finally:
             os.close(fd)
 

@@ -7,7 +7,7 @@ a signal handler can only be set from there. Standard library only, like the res
 
 :func:`install` does what :func:`torchwatch.hook.install` does when torch is imported after
 it, with the same published directory, counters and wire format
-(:mod:`torchwatch.hook.publish`), so the reader cannot tell the two apart:
+(:mod:`torchwatch.wire.files`), so the reader cannot tell the two apart:
 
 - torch already imported: the hook activates now. Optimizer steps are seen through torch's
   global optimizer step post hook, which applies to optimizers built before it; DataLoader
@@ -48,7 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import publish, ranks, runtime, wire
+from torchwatch import wire
+from torchwatch.hook import ranks, runtime
 
 FRAMES = 12  # frames above the DataLoader wrapper searched for the loader (the loop is usually 1-3 up)
 # Frames of the main thread searched at install time: it may be held deep inside a batch's
@@ -242,7 +243,7 @@ def install() -> dict[str, Any]:
     """Install the hook in this (running) process as if torch were imported after it. Never raises.
 
     Run on the main thread (it takes the burst signal, SIGUSR2 or ``$TORCHWATCH_SIGNAL``). The
-    hook publishes under :func:`torchwatch.hook.publish.base_dir` of this process's
+    hook publishes under :func:`torchwatch.wire.files.base_dir` of this process's
     environment, where ``torchwatch attach`` looks.
 
     Returns:
@@ -272,7 +273,7 @@ def install() -> dict[str, Any]:
             return out
         _lazy_modules()
         sig, sig_error = _env_signal()
-        base = publish.base_dir().absolute()
+        base = wire.base_dir().absolute()
         created_base = not os.path.lexists(base)
         hook = runtime.start(sig, (), base, sig_error)
         live = _LIVE = _Live(hook, created_base)

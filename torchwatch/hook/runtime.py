@@ -44,13 +44,15 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from torchwatch.hook import publish, ranks, wire
+from torchwatch import wire
+from torchwatch.hook import ranks
 from torchwatch.hook.burst import Burster, BurstParams
 from torchwatch.hook.compiled import CompileWatch
 from torchwatch.hook.cpus import read_threads
 from torchwatch.hook.gpu import GpuWatch
+from torchwatch.hook.oom import OomWatch
 from torchwatch.hook.trial import Trials
-from torchwatch.hook.trialspec import request_kind
+from torchwatch.wire import request_kind
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
@@ -232,7 +234,7 @@ class Hook:
     """The hook of one training process. Create through :func:`torchwatch.hook.install`.
 
     Args:
-        directory: the per-user base directory (see :func:`publish.base_dir`); this process
+        directory: the per-user base directory (see :func:`wire.base_dir`); this process
             publishes in ``directory/<pid>-<start>-<pidns>`` (:attr:`wire.Instance.dir_name`).
         signum: the signal that asks for a burst (SIGUSR2 by default); 0: bursts off.
         burst_at: optimizer step counts at which to run a burst without a signal.
@@ -261,7 +263,7 @@ class Hook:
         self.burst_at = tuple(sorted(set(burst_at)))
         self.started = _monotonic()
         self.torch: Any = None
-        self.counters: publish.Counters | None = None
+        self.counters: wire.Counters | None = None
         self.burster: Burster | None = None
         self.trials: Trials | None = None
         self.errors: list[str] = []
@@ -269,6 +271,8 @@ class Hook:
         self.amp = wire.AmpInfo()
         self.gpu = GpuWatch()
         self.compile = CompileWatch()  # torch.compile's counters, read with the GPU settings
+        # CUDA out-of-memory errors: observed (never caught) once the training initialised CUDA
+        self.oom = OomWatch(self._on_oom, self._oom_steps)
         self.threads: wire.ThreadSettings | None = None  # read with the GPU settings, every 0.5 s
         self.signal_owned = False
         self.usable_cpus: float | None = None
@@ -317,15 +321,15 @@ class Hook:
     def _activate(self, torch: Any) -> None:
         global _active
         try:
-            base_fd = publish.prepare_dir(self.base, parents=True)
+            base_fd = wire.prepare_dir(self.base, parents=True)
         except OSError as exc:
             _say(f"off: cannot use {self.base} (TORCHWATCH_DIR): {exc.strerror or exc}")
             return
         try:
-            publish.remove_stale(base_fd, self.instance)
-            dir_fd = publish.private_subdir(base_fd, self.instance.dir_name)
+            wire.remove_stale(base_fd, self.instance)
+            dir_fd = wire.private_subdir(base_fd, self.instance.dir_name)
             try:
-                self.counters = publish.Counters(dir_fd, self.instance)
+                self.counters = wire.Counters(dir_fd, self.instance)
             finally:
                 os.close(dir_fd)
         except OSError as exc:
@@ -333,7 +337,7 @@ class Hook:
             return
         finally:
             os.close(base_fd)
-        from torchwatch.hook.cpus import usable_cpus
+        from torchwatch.wire import usable_cpus
 
         self.usable_cpus = usable_cpus()
         with contextlib.suppress(OSError):
@@ -666,7 +670,12 @@ class Hook:
             threads = read_threads(self.torch)
             moved, self.threads = threads != self.threads, threads
             compiled = self.compile.read(now)
-            if self.gpu.sample(self.torch, optimizer, now) or moved or compiled:
+            changed = self.gpu.sample(self.torch, optimizer, now) or moved or compiled
+            if not self.oom.attached and self.gpu.memory is not None:
+                # CUDA is initialised (the training did it). A torch without the observer is not
+                # an error of the hook: an uncaught error is still recorded at exit (OomWatch.at_exit).
+                self.oom.attach(self.torch)
+            if changed:
                 for err in (self.gpu.error, self.compile.error):
                     if err:
                         self.error(err)
@@ -679,7 +688,7 @@ class Hook:
         self.publish()
 
     def _write(self, what: str, write: Any, *args: float) -> None:
-        """``write(counters, *args)`` (a :class:`publish.Counters` method); a failure (a closed
+        """``write(counters, *args)`` (a :class:`wire.Counters` method); a failure (a closed
         mapping at exit) becomes an error of the ``what`` wrapper, never the training's."""
         counters = self.counters
         if counters is not None:
@@ -691,7 +700,7 @@ class Hook:
     def backward_started(self, t0: float) -> None:
         """The main thread entered ``torch.autograd.backward`` at ``t0`` (monotonic s)."""
         self._in_backward = True
-        self._write("backward", publish.Counters.backward_started, t0)
+        self._write("backward", wire.Counters.backward_started, t0)
 
     def backward_aborted(self) -> None:
         """The backward pass raised: neither a step nor a backward pass to count."""
@@ -737,13 +746,13 @@ class Hook:
     def collective_started(self, t0: float) -> None:
         """The main thread entered a collective at ``t0`` (monotonic s)."""
         self._in_comm = True
-        self._write("collective", publish.Counters.collective_started, t0)
+        self._write("collective", wire.Counters.collective_started, t0)
 
     def collective_ended(self, waited: float) -> None:
         """The collective returned (or raised) after ``waited`` s."""
         self._in_comm = False
         self._comm_since_step += waited
-        self._write("collective", publish.Counters.collective_ended, waited)
+        self._write("collective", wire.Counters.collective_ended, waited)
 
     def on_batch(self, it: Any, t0: float, t1: float, batch: Any) -> None:
         """A batch arrived: ``__next__`` ran from ``t0`` to ``t1`` (monotonic s)."""
@@ -800,6 +809,15 @@ class Hook:
         recent = sorted(self.step_durations(9))
         return recent[len(recent) // 2] if recent else None
 
+    def _oom_steps(self) -> tuple[int | None, list[float]]:
+        counters = self.counters
+        return (None if counters is None else counters.steps), self.step_durations(16)
+
+    def _on_oom(self, rec: wire.OomRecord) -> None:
+        """The allocator ran out of memory: publish the record now (the training may exit at
+        once) and keep the hook's files at exit so torchwatch can read it afterwards."""
+        self.publish()
+
     def step_durations(self, n: int) -> list[float]:
         """Durations of the last ``n`` steps, s (oldest first)."""
         snap = self.counters.snapshot() if self.counters is not None else None
@@ -849,11 +867,11 @@ class Hook:
         """The parameters in ``request.json`` (torchwatch writes it before the signal), then
         remove it. Accepted only as a regular file of this user or root, at most 4 KB."""
         try:
-            fd = publish.open_dir(self.dir, (os.geteuid(),), private=True)
+            fd = wire.open_dir(self.dir, (os.geteuid(),), private=True)
         except OSError:
             return None
         try:
-            req = publish.read_json(fd, publish.REQUEST_FILE, {0, os.geteuid()}, wire.REQUEST_MAX_BYTES)
+            req = wire.read_json(fd, wire.REQUEST_FILE, {0, os.geteuid()}, wire.REQUEST_MAX_BYTES)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
@@ -861,7 +879,7 @@ class Hook:
             return None
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(publish.REQUEST_FILE, dir_fd=fd)
+                os.unlink(wire.REQUEST_FILE, dir_fd=fd)
             os.close(fd)
         return req if isinstance(req, dict) else None
 
@@ -930,6 +948,7 @@ class Hook:
             threads=self.threads,
             compile=self.compile.info,
             trial=self.trials.state if self.trials is not None else None,
+            oom=self.oom.record,
         )
 
     def _rank(self) -> int | None:
@@ -957,16 +976,16 @@ class Hook:
         with contextlib.suppress(Exception):
             data = self.record().to_json()
             try:
-                wire.HookRecord.decode(json.loads(publish.encode_json(data)))
+                wire.HookRecord.decode(json.loads(wire.encode_json(data)))
             except (wire.WireError, ValueError) as exc:
                 self.errors = [*self.errors[: MAX_ERRORS - 1], wire.clean_text(f"hook.json: {exc}", wire.TEXT)]
                 data = wire.HookRecord(
                     self.instance, data["python"], None, self.started, self.signum, self.signal_owned,
                     errors=tuple(self.errors),
                 ).to_json()  # fmt: skip
-            fd = publish.open_dir(self.dir, (os.geteuid(),), private=True)
+            fd = wire.open_dir(self.dir, (os.geteuid(),), private=True)
             try:
-                publish.write_atomic(fd, publish.STATE_FILE, publish.encode_json(data))
+                wire.write_atomic(fd, wire.STATE_FILE, wire.encode_json(data))
             finally:
                 os.close(fd)
 
@@ -985,13 +1004,22 @@ class Hook:
             if self.burster is not None:
                 self.burster.close()
         self.compile.close()
+        with contextlib.suppress(Exception):
+            if self.oom.at_exit(getattr(sys, "last_value", None), self.torch) is not None:
+                self.publish()  # _active is still set: the record reaches hook.json
+        self.oom.close()
         _active = False
         if self.counters is not None:
             self.counters.close()
+        if self.oom.record is not None:
+            # The training ran out of device memory: hook.json keeps the record for torchwatch to
+            # read after the exit (HookReader.last_words). The next hook of this user removes
+            # the directory as a dead process's (wire.remove_stale), as after a SIGKILL.
+            return
         with contextlib.suppress(OSError):
-            base_fd = publish.open_dir(self.base, (os.geteuid(),), private=False)
+            base_fd = wire.open_dir(self.base, (os.geteuid(),), private=False)
             try:
-                publish.remove_hook_dir(base_fd, self.instance.dir_name)
+                wire.remove_hook_dir(base_fd, self.instance.dir_name)
             finally:
                 os.close(base_fd)
 

@@ -3,7 +3,7 @@
 Runs in the hook, in the main thread only: at step boundaries (:meth:`Trials.on_step`), when a
 DataLoader iterator is made (:meth:`Trials.make_iterator`), and from the burst signal's handler
 (:meth:`Trials.on_request`, :meth:`Trials.on_interrupt`). The contract (settings, request,
-published state, statistics) is :mod:`torchwatch.hook.trialspec`.
+published state, statistics) is :mod:`torchwatch.wire.trial`.
 
 What it guarantees:
 
@@ -31,8 +31,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from torchwatch.hook import trialspec as ts
-from torchwatch.hook.wire import TEXT, WireError, clean_text
+from torchwatch import wire
+from torchwatch.wire import TEXT, WireError, clean_text
 
 TIMER_GRACE_S = 2.0  # after max_s, the timer ends a trial that saw no step boundary
 
@@ -57,7 +57,7 @@ class _Knob:
         return None
 
     def show(self, value: Any) -> str:
-        return ts.show_value(value)
+        return wire.show_value(value)
 
 
 class _Threads(_Knob):
@@ -129,7 +129,7 @@ class _Tf32(_Knob):
             return (
                 "true" if all(value) else "false" if not any(value) else f"matmul={value[0]},cudnn={value[1]}".lower()
             )
-        return ts.show_value(value)
+        return wire.show_value(value)
 
 
 class _MatmulPrecision(_Knob):
@@ -173,10 +173,10 @@ class _Block:
         self.durations: list[float] = []
         self.dropped = 0
 
-    def sealed(self) -> ts.TrialBlock:
+    def sealed(self) -> wire.TrialBlock:
         d = self.durations
         mean = sum(d) / len(d) if d else 0.0
-        return ts.TrialBlock(self.on, self.first_step, len(d), self.dropped, round(mean, 7),
+        return wire.TrialBlock(self.on, self.first_step, len(d), self.dropped, round(mean, 7),
                              round(statistics.median(d), 7) if d else 0.0)  # fmt: skip
 
 
@@ -210,15 +210,15 @@ class Trials:
         self._target_loader = target_loader
         self._busy = busy
         self._typical = typical_step_s
-        self.state: ts.TrialState | None = None
-        self.req: ts.TrialRequest | None = None
-        self.setting: ts.Setting | None = None
+        self.state: wire.TrialState | None = None
+        self.req: wire.TrialRequest | None = None
+        self.setting: wire.Setting | None = None
         self._knob: _Knob | None = None
         self._old: Any = None
         self._new: Any = None
         self._applied: Any = None  # the value written last (steps mode), None: never written
         self._loader_key: int | None = None
-        self._blocks: list[ts.TrialBlock] = []
+        self._blocks: list[wire.TrialBlock] = []
         self._block: _Block | None = None
         self._started = 0.0
         self._timer: threading.Timer | None = None
@@ -232,8 +232,8 @@ class Trials:
     def on_request(self, req: dict[str, Any] | None, now: float, step: int) -> None:
         """A ``trial`` or ``trial-stop`` request arrived (from the signal handler, main thread)."""
         try:
-            kind = ts.request_kind(req)
-            if kind == ts.TRIAL_STOP_KIND:
+            kind = wire.request_kind(req)
+            if kind == wire.TRIAL_STOP_KIND:
                 rid = req.get("id") if req else None
                 if self.active and self.state is not None and rid == self.state.id:
                     self._end("stopped", "torchwatch ended the trial (it was stopped)", now)
@@ -283,16 +283,16 @@ class Trials:
 
     # -- start ----------------------------------------------------------------------------------
     def _refuse(self, rid: int, setting: str, value: str, why: str, now: float) -> None:
-        self.state = ts.TrialState(rid, setting, value, "refused", reason=clean_text(why, TEXT), ended=now)
+        self.state = wire.TrialState(rid, setting, value, "refused", reason=clean_text(why, TEXT), ended=now)
         self._changed()
 
     def _start(self, raw: dict[str, Any], now: float, step: int) -> None:
         raw_id = raw.get("id")
         rid = raw_id if isinstance(raw_id, int) and 1 <= raw_id <= 1 << 31 else 1
         name = clean_text(str(raw.get("setting", "")), 40)
-        text = clean_text(str(raw.get("value", "")), ts.VALUE_TEXT)
+        text = clean_text(str(raw.get("value", "")), wire.VALUE_TEXT)
         try:
-            req = ts.TrialRequest.decode(raw)
+            req = wire.TrialRequest.decode(raw)
         except WireError as exc:
             self._refuse(rid, name, text, f"bad request: {exc}", now)
             return
@@ -305,7 +305,7 @@ class Trials:
             self._refuse(req.id, name, text, why, now)
             return
         try:
-            setting, value, text = ts.parse_assignment(f"{req.setting}={req.value}")
+            setting, value, text = wire.parse_assignment(f"{req.setting}={req.value}")
         except ValueError as exc:
             self._refuse(req.id, name, text, str(exc), now)
             return
@@ -316,7 +316,7 @@ class Trials:
             self._refuse(req.id, setting.name, text, "it changes the arithmetic's precision, so what the training "
                          "computes: only tried with --allow-numerics", now)  # fmt: skip
             return
-        if setting.mode == ts.STEPS:
+        if setting.mode == wire.STEPS:
             why, old, new = self._prepare_knob(setting, value)
         else:
             why, old, new = self._prepare_loader(setting, value, req)
@@ -326,7 +326,7 @@ class Trials:
         self.req, self.setting, self._old, self._new = req, setting, old, new
         self._applied, self._blocks, self._block = None, [], None
         self._started = now
-        self.state = ts.TrialState(
+        self.state = wire.TrialState(
             req.id, setting.name, text, "waiting", old=self._show(old), mode=setting.mode,
             numerics=setting.numerics, started=now,
         )  # fmt: skip
@@ -334,9 +334,9 @@ class Trials:
         self._changed()
 
     def _show(self, value: Any) -> str:
-        return self._knob.show(value) if self._knob is not None else ts.show_value(value)
+        return self._knob.show(value) if self._knob is not None else wire.show_value(value)
 
-    def _prepare_knob(self, setting: ts.Setting, value: Any) -> tuple[str | None, Any, Any]:
+    def _prepare_knob(self, setting: wire.Setting, value: Any) -> tuple[str | None, Any, Any]:
         try:
             knob = _knob(setting.name, self.torch)
             old = _quiet(knob.read)
@@ -349,7 +349,7 @@ class Trials:
         self._knob = knob
         return why, old, new
 
-    def _prepare_loader(self, setting: ts.Setting, value: Any, req: ts.TrialRequest) -> tuple[str | None, Any, Any]:
+    def _prepare_loader(self, setting: wire.Setting, value: Any, req: wire.TrialRequest) -> tuple[str | None, Any, Any]:
         self._knob = None
         key = self._target_loader()
         loader = self._loader_for(key) if key is not None else None
@@ -360,7 +360,7 @@ class Trials:
         if name == "pin_memory":
             old = bool(old)
         if old == value:
-            return f"the DataLoader's {name} is already {ts.show_value(value)}: nothing to try", None, None
+            return f"the DataLoader's {name} is already {wire.show_value(value)}: nothing to try", None, None
         if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
             return ("the DataLoader keeps its iterator across epochs (persistent_workers=True): no new iterator "
                     "would take the setting"), None, None  # fmt: skip
@@ -408,7 +408,7 @@ class Trials:
     def _on_step(self, now: float, duration: float | None, step: int) -> None:
         req = self.req
         assert req is not None and self.state is not None
-        if self.setting is not None and self.setting.mode == ts.ITERATOR:
+        if self.setting is not None and self.setting.mode == wire.ITERATOR:
             if self._block is not None and duration is not None:
                 self._block.durations.append(duration)
             if now - self._started >= req.max_s:
@@ -435,7 +435,7 @@ class Trials:
             self._open_block(len(self._blocks), step, now)
 
     def _open_block(self, index: int, step: int, now: float) -> None:
-        on = ts.is_on(index)
+        on = wire.is_on(index)
         self._apply(self._new if on else self._old)
         self._block = _Block(on, step)
         if self.state is not None and self.state.state == "waiting":
@@ -451,7 +451,7 @@ class Trials:
         """After a block: end the trial when it is decided or out of time/blocks. True if ended."""
         req = self.req
         assert req is not None
-        est = ts.estimate(self._blocks) if len(self._blocks) % 2 == 0 else None
+        est = wire.estimate(self._blocks) if len(self._blocks) % 2 == 0 else None
         if est is not None and est.pairs >= req.min_pairs and est.half_width <= req.target:
             self._end("done", f"decided: the 95 % interval is within ±{est.half_width:.1%}", now)
             return True
@@ -477,7 +477,7 @@ class Trials:
         if not self.active:
             return False
         index = len(self._blocks)
-        on = ts.is_on(index)
+        on = wire.is_on(index)
         self._block = _Block(on, 0)
         if self.state is not None and self.state.state == "waiting":
             self._publish(state="running")
@@ -506,7 +506,7 @@ class Trials:
         """Put the old value back (or keep the new one), read it back, publish. Never raises."""
         self._cancel_timer()
         self._block = None  # an incomplete block is not counted: a pair needs both halves whole
-        est = ts.estimate(self._blocks[: len(self._blocks) // 2 * 2])
+        est = wire.estimate(self._blocks[: len(self._blocks) // 2 * 2])
         req = self.req
         keep = bool(req is not None and req.keep and est is not None and est.pairs >= 2 and est.lo > 1.0)
         restored: bool | None = None
@@ -529,7 +529,7 @@ class Trials:
                         loader.prefetch_factor = 2
                     kept = True
                 current = getattr(loader, self.setting.name, None) if loader is not None else None
-                now_value = "" if current is None else ts.show_value(current)
+                now_value = "" if current is None else wire.show_value(current)
                 restored = None if kept else (loader is None or current == self._old)
         except Exception as exc:
             state, reason = "failed", f"{reason}; putting the value back raised {exc!r}"
@@ -552,12 +552,12 @@ class Trials:
             return
         fields = {**st.__dict__, "blocks": tuple(self._blocks), **changes}
         if "estimate" not in changes:
-            fields["estimate"] = ts.estimate(self._blocks[: len(self._blocks) // 2 * 2])
-        state = ts.TrialState(**fields)
+            fields["estimate"] = wire.estimate(self._blocks[: len(self._blocks) // 2 * 2])
+        state = wire.TrialState(**fields)
         try:  # what torchwatch would refuse is never published: the state goes without its estimate
-            ts.TrialState.decode(json.loads(json.dumps(state.to_json())), "trial")
+            wire.TrialState.decode(json.loads(json.dumps(state.to_json())), "trial")
         except (WireError, ValueError):
-            state = ts.TrialState(**{**fields, "estimate": None})
+            state = wire.TrialState(**{**fields, "estimate": None})
         self.state = state
         self._changed()
 

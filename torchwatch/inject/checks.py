@@ -360,10 +360,10 @@ def hook_evidence(target: Target) -> str | None:
 
     The single place that knows how a hook announces itself (today: ``TORCHWATCH_HOOK=1`` in the
     environment, set by ``torchwatch run``, or a ``hook.json`` in its published directory,
-    ``<pid>-<start>-<pidns>`` named as :attr:`torchwatch.hook.wire.Instance.dir_name`, checked
+    ``<pid>-<start>-<pidns>`` named as :attr:`torchwatch.wire.Instance.dir_name`, checked
     with ``lstat``: nothing is opened or followed).
     """
-    from torchwatch.hook import publish, wire
+    from torchwatch import wire
 
     env = dict(target.environ or {})
     if env.get("TORCHWATCH_HOOK") == "1":
@@ -375,7 +375,7 @@ def hook_evidence(target: Target) -> str | None:
     if not (ns.startswith("pid:[") and ns.endswith("]") and ns[5:-1].isdigit()):
         return None
     name = wire.Instance(inner, target.start_ticks, int(ns[5:-1])).dir_name
-    path = publish.base_dir(env, target.uids[0]) / name / publish.STATE_FILE
+    path = wire.base_dir(env, target.uids[0]) / name / wire.STATE_FILE
     try:
         st = os.lstat(path)
     except OSError:

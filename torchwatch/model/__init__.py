@@ -1,5 +1,5 @@
 """Typed data every part of torchwatch shares: readings, errors, the Observation and its units.
 
 No behaviour beyond formatting; imports nothing of torchwatch but the hook's wire format
-(:mod:`torchwatch.hook.wire`, standard library only).
+(:mod:`torchwatch.wire`, standard library only).
 """

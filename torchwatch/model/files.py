@@ -4,7 +4,7 @@ that no other user can point them elsewhere.
 torchwatch runs as root on other users' trainings. A path given to it may pass through a
 directory a watched user can write: there the user can plant a symbolic link (root would
 append to whatever it names), pre-create the file, or swap a directory for a link between
-two calls. So, as the hook channel does (:mod:`torchwatch.hook.publish`):
+two calls. So, as the hook channel does (:mod:`torchwatch.wire.files`):
 
 - the directory is reached by a walk from ``/`` that opens each component without following
   a link (``O_DIRECTORY | O_NOFOLLOW``) and checks it on its descriptor: owned by root or by

@@ -2,7 +2,7 @@
 
 The watch session builds one per analysis tick (:mod:`torchwatch.watch.observe`); every face is
 a function of it: the JSON and text report, the headless status line, the TUI, ``torchwatch
-burst`` (its :class:`~torchwatch.hook.wire.BurstResult`) and any exporter. No face reads the
+burst`` (its :class:`~torchwatch.wire.BurstResult`) and any exporter. No face reads the
 readings store, a source or a file of the hook.
 
 Per rank: a training of one process is rank 0. :attr:`Observation.ranks` maps each rank watched
@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from torchwatch.hook.trialspec import TrialState
-from torchwatch.hook.wire import AmpInfo, BurstResult, CompileInfo, GpuSettings, LoaderInfo, RankInfo, Refusal
 from torchwatch.model.findings import Finding, NotApplicable, Verdict
 from torchwatch.model.hang import HangView
+from torchwatch.model.memory import MemoryView
 from torchwatch.model.peaks import FlopRate
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
+from torchwatch.wire import AmpInfo, BurstResult, CompileInfo, GpuSettings, LoaderInfo, RankInfo, Refusal, TrialState
 
 __all__ = [
     "BurstView",
@@ -279,6 +279,8 @@ class MemoryTrend:
         device_series: device memory used on the GPUs the tree uses (all GPUs when it uses
             none yet), bytes, one value per NVML round; empty without NVML.
         device_used_bytes / device_total_bytes: the last round.
+        view: the limit, the forecasts, the workers' memory and the out-of-memory records
+            (:mod:`torchwatch.watch.memwatch`).
     """
 
     rss_series: tuple[float, ...] = ()
@@ -288,12 +290,13 @@ class MemoryTrend:
     device_series: tuple[float, ...] = ()
     device_used_bytes: float | None = None
     device_total_bytes: float | None = None
+    view: MemoryView = field(default_factory=MemoryView)
 
 
 @dataclass(frozen=True)
 class RankReading:
     """One rank's step over the verdict window, medians of its steps, ms (see
-    :class:`~torchwatch.hook.wire.RankStep`).
+    :class:`~torchwatch.wire.RankStep`).
 
     Attributes:
         rank: its rank (``RANK``, ``torch.distributed``, the spawn index; else its place among
@@ -470,7 +473,7 @@ class Observation:
         hang: the last hang the stall / hang recorder made (a stall once the training stepped
             again); ``None`` when none.
         trials: the live trials of a setting seen on the focus rank while watching
-            (:class:`torchwatch.hook.trialspec.TrialState`, oldest first, at most 16).
+            (:class:`torchwatch.wire.TrialState`, oldest first, at most 16).
     """
 
     t: float

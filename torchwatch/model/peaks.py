@@ -21,7 +21,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from torchwatch.hook.wire import BurstResult
+from torchwatch.wire import BurstResult
 
 __all__ = ["PEAKS", "FlopRate", "Peak", "device_peak", "flop_rate", "math_dtype"]
 

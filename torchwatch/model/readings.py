@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.hook.wire import HookRecord, RankStep
+from torchwatch.wire import HookRecord, RankStep
 
 
 class Status(str, enum.Enum):
@@ -307,7 +307,7 @@ class StackSample:
 
 @dataclass(frozen=True)
 class HookState:
-    """One read of what the in-process hook published (:mod:`torchwatch.hook.publish`).
+    """One read of what the in-process hook published (:mod:`torchwatch.wire.files`).
 
     Attributes:
         t: when torchwatch read it, monotonic s (the hook's clock is the same).
@@ -321,7 +321,7 @@ class HookState:
         record: ``hook.json`` as its checked, typed record (settings, AMP, burst state and
             results, errors); ``None`` in readings made without one (tests).
         rank_steps: the same steps as ``new_steps`` with their backward and collective times
-            (:class:`~torchwatch.hook.wire.RankStep`, s), for the per-rank readings.
+            (:class:`~torchwatch.wire.RankStep`, s), for the per-rank readings.
     """
 
     t: float

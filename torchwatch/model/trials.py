@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchwatch.hook import trialspec as ts
+from torchwatch import wire
 
 __all__ = ["NEGLIGIBLE", "UNSTEADY", "Outcome", "Plan", "verdict"]
 
@@ -21,7 +21,7 @@ class Plan:
         typical_step_s: the median of the last steps' durations the plan was made from, s.
     """
 
-    request: ts.TrialRequest
+    request: wire.TrialRequest
     typical_step_s: float | None
 
 
@@ -39,13 +39,13 @@ class Outcome:
     """
 
     plan: Plan
-    states: dict[int, ts.TrialState | None] = field(default_factory=dict)
+    states: dict[int, wire.TrialState | None] = field(default_factory=dict)
     exited: list[int] = field(default_factory=list)
     not_sent: dict[int, str] = field(default_factory=dict)
     stopped_by: int | None = None
     ranks: dict[int, int] = field(default_factory=dict)
 
-    def headline(self) -> tuple[int, ts.TrialState] | None:
+    def headline(self) -> tuple[int, wire.TrialState] | None:
         """The state that speaks for the job: the lowest rank's ended state that measured
         something (ranks of a synchronous job share the step time), else any ended state."""
         ended = [(pid, st) for pid, st in self.states.items() if st is not None and st.finished]
@@ -75,7 +75,7 @@ NEGLIGIBLE = 0.03  # an interval inside ±3 % is "no difference": below what a u
 UNSTEADY = 0.15  # an interval wider than ±15 % decides nothing
 
 
-def verdict(state: ts.TrialState) -> dict[str, Any]:
+def verdict(state: wire.TrialState) -> dict[str, Any]:
     """The result in words and numbers: ``{"result", "text", "speedup", "lo", "hi", "pm"}``.
 
     ``result`` is ``faster``, ``slower``, ``no difference``, ``undecided`` (interval wider than

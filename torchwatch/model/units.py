@@ -38,6 +38,18 @@ def human_bytes(n: float) -> str:
     return f"{value:.1f} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
 
 
+def human_duration(seconds: float) -> str:
+    """Seconds as a person says them: ``45 s``, ``3 min 10 s``, ``2.5 h``; ``never`` for inf."""
+    if seconds != seconds or seconds == float("inf"):
+        return "never"
+    s = max(0.0, float(seconds))
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{int(s // 60)} min {int(s % 60)} s"
+    return f"{s:.0f} s"
+
+
 def fmt_bytes(n: float | None) -> str:
     """:func:`human_bytes`, or ``n/a`` for a value that was not measured."""
     return NA if n is None else human_bytes(n)

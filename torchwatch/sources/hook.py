@@ -1,9 +1,9 @@
 """The in-process hook, read from outside: its published files, and burst requests.
 
 The hook (``torchwatch.hook``) writes ``hook.json`` and a ``counters`` file into a directory
-named after its process instance (:class:`torchwatch.hook.wire.Instance`); this source reads
+named after its process instance (:class:`torchwatch.wire.Instance`); this source reads
 both twice a second. torchwatch often runs as root and the directory belongs to the training's
-user, so every file there is treated as hostile (:mod:`torchwatch.hook.publish`): read only
+user, so every file there is treated as hostile (:mod:`torchwatch.wire.files`): read only
 through a checked directory descriptor, only regular files of that user, size-capped,
 schema-checked, and only when they name the very process watched (PID, start time and PID
 namespace), so neither PID reuse nor a stale or planted directory passes for a live hook.
@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import publish, wire
+from torchwatch import wire
 from torchwatch.model.readings import HookState, SourceStatus, Status
 from torchwatch.model.text import escape
+from torchwatch.sources import FocusedSource
 from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
@@ -102,7 +103,7 @@ def instance_of(pid: int) -> wire.Instance:
 def _base(pid: int, uid: int | None) -> Path:
     """The target's hook base directory; a relative ``TORCHWATCH_DIR`` is taken from its
     working directory (the hook fixes it when it starts)."""
-    base = publish.base_dir(_environ(pid), uid)
+    base = wire.base_dir(_environ(pid), uid)
     if not base.is_absolute():
         with contextlib.suppress(OSError):
             base = Path(os.readlink(f"/proc/{pid}/cwd")) / base
@@ -175,24 +176,24 @@ class HookReader:
         """The hook directory, opened and checked (this user's, private).
 
         Raises:
-            FileNotFoundError: no directory. publish.Unsafe / OSError / wire.WireError: refused.
+            FileNotFoundError: no directory. wire.Unsafe / OSError / wire.WireError: refused.
         """
         if self.dir is None or self.uid is None:
             raise wire.WireError(self.reason or f"PID {self.pid} cannot be read")
-        return publish.open_dir(self.dir, (self.uid,), private=True)
+        return wire.open_dir(self.dir, (self.uid,), private=True)
 
     def base_refused(self) -> str:
         """Why no hook of this process can publish at all: its base directory (``$TMPDIR/
         torchwatch-UID`` or ``TORCHWATCH_DIR``) is one the hook refuses, as its own check does
-        (:func:`torchwatch.hook.publish.prepare_dir`: a symbolic link, another user's, writable
+        (:func:`torchwatch.wire.files.prepare_dir`: a symbolic link, another user's, writable
         by others without the sticky bit), so a hook there turns itself off. One line naming the
         directory and the check (escaped: the path comes from the training's environment);
         ``""`` when it is fine, missing (the hook creates it) or cannot be told."""
         if self.base is None or self.uid is None:
             return ""
         try:
-            fd = publish.open_dir(self.base, (self.uid,), private=False)
-        except publish.Unsafe as exc:
+            fd = wire.open_dir(self.base, (self.uid,), private=False)
+        except wire.Unsafe as exc:
             return escape(str(exc))
         except OSError:
             return ""
@@ -233,7 +234,7 @@ class HookReader:
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
             if stamp == self._stamp and self._record is not None:
                 return self._record
-            rec = wire.HookRecord.decode(publish.read_json(fd, wire.STATE_FILE, (self.uid,), wire.STATE_MAX_BYTES))
+            rec = wire.HookRecord.decode(wire.read_json(fd, wire.STATE_FILE, (self.uid,), wire.STATE_MAX_BYTES))
         except FileNotFoundError:
             self._fail(f"no hook in PID {self.pid}", missing=True)
             return None
@@ -250,6 +251,27 @@ class HookReader:
         self.reason, self.missing = "", False
         return rec
 
+    def last_words(self) -> wire.HookRecord | None:
+        """``hook.json`` as the hook left it when its process exited: read without checking that
+        the PID is still that process (it is gone), but only from this reader's directory (named
+        after the process's PID, start time and PID namespace, so a reused PID has another one)
+        and only when the record names that same process. The hook keeps its files at exit
+        only after a CUDA out-of-memory error (:mod:`torchwatch.hook.oom`); ``None`` otherwise,
+        and on any refusal."""
+        if self.instance is None or self.uid is None:
+            return None
+        try:
+            fd = self._open()
+        except (OSError, ValueError):
+            return None
+        try:
+            rec = wire.HookRecord.decode(wire.read_json(fd, wire.STATE_FILE, (self.uid,), wire.STATE_MAX_BYTES))
+        except (OSError, ValueError, RecursionError, MemoryError):
+            return None
+        finally:
+            os.close(fd)
+        return rec if rec.instance == self.instance else None
+
     def info(self) -> dict[str, Any] | None:
         """``hook.json`` as a checked dict (see :meth:`record`); ``None`` when there is none."""
         return self._info if self.record() is not None else None
@@ -265,7 +287,7 @@ class HookReader:
             return None
         try:
             assert self.uid is not None
-            return publish.read_counters(fd, (self.uid,), self.instance, since=self._written)
+            return wire.read_counters(fd, (self.uid,), self.instance, since=self._written)
         except FileNotFoundError:
             self._fail(f"no hook in PID {self.pid}", missing=True)
         except wire.Busy as exc:
@@ -344,7 +366,7 @@ class HookReader:
         return True, f"burst #{count + 1} requested from PID {self.pid}"
 
     def request_trial(self, request: dict[str, Any]) -> tuple[bool, str]:
-        """Write a live trial's ``request.json`` (a :class:`~torchwatch.hook.trialspec.TrialRequest`
+        """Write a live trial's ``request.json`` (a :class:`~torchwatch.wire.TrialRequest`
         or a ``trial-stop`` as JSON) and send the hook's signal, after the same checks as a
         burst's (the hook owns and catches its signal); the hook answers in ``record().trial``.
 
@@ -368,7 +390,7 @@ class HookReader:
             try:
                 # A new file of ours (root's, when root runs torchwatch), renamed into place:
                 # nothing of the target user's is opened for writing or chown'ed.
-                publish.write_atomic(fd, wire.REQUEST_FILE, publish.encode_json(payload), 0o644)
+                wire.write_atomic(fd, wire.REQUEST_FILE, wire.encode_json(payload), 0o644)
             finally:
                 os.close(fd)
         except (OSError, ValueError) as exc:
@@ -424,12 +446,11 @@ def send_burst_signal(pid: int, expect: wire.Instance, signum: int) -> tuple[boo
 OTHER_RANKS_EVERY = 2  # rounds: the ranks not shown are read once a second at the default 0.5 s
 
 
-class HookSource:
-    """Sampler of the hooks of the training processes: the one the session diagnoses (its
-    status is the source's) and every other rank of the job.
+class HookSource(FocusedSource):
+    """Sampler of the hooks of the training processes: the one the session diagnoses (the focus
+    of each :meth:`sample`; its status is the source's) and every other rank of the job.
 
     Args:
-        main_pid: returns the training process to read (the session's choice), or ``None``.
         expected: the hook was pre-loaded (``torchwatch run``): its absence means "starting"
             until torch is imported, not "unavailable".
         interval: seconds between reads.
@@ -441,7 +462,6 @@ class HookSource:
 
     def __init__(
         self,
-        main_pid: Callable[[], int | None],
         expected: bool,
         interval: float = 0.5,
         rank_pids: Callable[[], Sequence[int]] | None = None,
@@ -451,12 +471,10 @@ class HookSource:
         self._round = 0
         self.expected = expected
         self.status = SourceStatus(Status.STARTING, "waiting for the training process")
-        self._main_pid = main_pid
         self._readers: dict[int, HookReader] = {}
 
-    def reader(self) -> HookReader | None:
-        """The reader of the current training process, or ``None`` before it is found."""
-        pid = self._main_pid()
+    def reader(self, pid: int | None) -> HookReader | None:
+        """The reader of training process ``pid`` (the focus), or ``None`` when there is none yet."""
         if pid is None:
             return None
         rd = self._readers.get(pid)
@@ -464,9 +482,11 @@ class HookSource:
             rd = self._readers[pid] = HookReader(pid)
         return rd
 
-    def sample(self, now: float) -> Sequence[object]:
-        """Read the hook's files once; sets :attr:`status` (with the reason when refused)."""
-        rd = self.reader()
+    def sample(self, now: float, focus: int | None) -> Sequence[object]:
+        """Read the hook's files of ``focus`` (the PID the session diagnoses) once, and every other
+        rank's every :data:`OTHER_RANKS_EVERY` calls; sets :attr:`status` (with the reason when
+        refused). ``focus`` ``None``: nothing read."""
+        rd = self.reader(focus)
         if rd is None:
             return []
         reading = rd.read(now)

@@ -29,9 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from torchwatch.hook import wire
-from torchwatch.hook.cpus import cpu_quota, read_throttling, usable_cpus
-from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
+from torchwatch import wire
 from torchwatch.model.readings import (
     CpuConsumer,
     ProcessSample,
@@ -40,6 +38,15 @@ from torchwatch.model.readings import (
     SystemSample,
     ThreadSample,
     Wait,
+)
+from torchwatch.wire import (
+    LAUNCHER_MODULES,
+    LAUNCHER_SCRIPTS,
+    MP_HELPER_MARKERS,
+    SPAWN_MARKERS,
+    cpu_quota,
+    read_throttling,
+    usable_cpus,
 )
 
 # Launchers start ranks; they are watched for exit but never diagnosed as the training.
@@ -294,6 +301,9 @@ process, ~0.8 ms for 65 processes here, so ~25 ms for 2,000 (about 1 % of a core
 MAX_SCANNED = 16384  # processes read per scan at most (a bound on a scan's cost)
 
 
+TOP_NEIGHBOURS = 3  # the busiest processes outside the training a finding names
+
+
 class CpuNeighbours:
     """Who else uses the CPUs: every process's CPU between two scans, split into the training's
     tree, torchwatch (itself and its children: py-spy) and the rest (the neighbours).
@@ -364,7 +374,7 @@ class CpuNeighbours:
         foreign = sum(cores[p] for p in foreign_pids) + sum(
             c for p, c in gone.items() if p not in tree_pids and p not in own
         )
-        top = sorted(foreign_pids, key=lambda p: -cores[p])[:3]
+        top = sorted(foreign_pids, key=lambda p: -cores[p])[:TOP_NEIGHBOURS]
         neighbours = tuple(
             CpuConsumer(p, procs[p][3], self._user(p), round(cores[p], 3)) for p in top if cores[p] >= 0.01
         )

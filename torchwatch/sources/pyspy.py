@@ -28,6 +28,7 @@ from pathlib import Path
 from torchwatch.model.hang import DumpedThread
 from torchwatch.model.readings import Frame, Role, SourceStatus, StackSample, Status
 from torchwatch.model.text import escape
+from torchwatch.sources import FocusedSource
 
 _FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
@@ -122,11 +123,10 @@ def _ptrace_scope() -> int | None:
         return None
 
 
-class PySpySource:
-    """Stacks of every thread of the (first) training process, one py-spy chunk a call.
+class PySpySource(FocusedSource):
+    """Stacks of every thread of the training process the session diagnoses, one py-spy chunk a call.
 
     Args:
-        main_pid: returns the PID of the training process, or ``None`` while it is not known.
         role_of: role of a PID in the watched tree.
         alive: whether the watched root still runs.
         rate: samples per second per thread (20: ~1-2 % of one core with 3 s chunks).
@@ -138,14 +138,12 @@ class PySpySource:
 
     def __init__(
         self,
-        main_pid: Callable[[], int | None],
         role_of: Callable[[int], Role],
         alive: Callable[[], bool],
         rate: int = 20,
         chunk: float = 3.0,
         binary: str | None = None,
     ) -> None:
-        self.main_pid = main_pid
         self.role_of = role_of
         self.alive = alive
         self.rate = rate
@@ -164,12 +162,13 @@ class PySpySource:
         self._cut = False  # the running chunk was ended early on purpose: not a failure
         self.cpu_s = 0.0  # CPU seconds all py-spy runs used (user + system)
 
-    def sample(self, now: float) -> list[object]:
-        """Record one chunk (blocks ``chunk`` seconds) and return its stack samples."""
+    def sample(self, now: float, focus: int | None) -> list[object]:
+        """Record one chunk of ``focus`` (blocks ``chunk`` seconds) and return its stack samples;
+        ``focus`` ``None`` (no training process found yet): none, after a 0.2 s pause."""
         if self.binary is None or self._closed or self.status.status is Status.UNAVAILABLE:
             time.sleep(0.5)
             return []
-        pid = self.main_pid()
+        pid = focus
         if pid is None:
             time.sleep(0.2)
             return []

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from torchwatch.hook.wire import BurstResult, HookRecord
 from torchwatch.model.errors import TorchwatchError
+from torchwatch.wire import BurstResult, HookRecord
 
 
 class BurstReader(Protocol):

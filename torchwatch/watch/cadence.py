@@ -2,9 +2,11 @@
 fraction, and fast again the moment something changes.
 
 :class:`CadencePolicy` is pure (readings in, cadence out, no clock, no threads): the session hands
-it one :class:`CadenceReading` per analysis tick and an event for what the readings cannot show
-(a key pressed in the TUI, a burst asked for), and applies the :class:`Cadence` it returns to the
-sources.
+it one :class:`CadenceReading` per analysis tick (:func:`cadence_reading` makes it of the tick's
+analysis) and an event for what the readings cannot show (a key pressed in the TUI, a burst asked
+for). :class:`Pacer` holds the policy for the session's threads: it applies each new
+:class:`Cadence` to the sources (through the session's ``apply``), keeps the changes and the time
+spent steady for the report, and wakes the napping samplers when the cadence changes.
 
 Why these numbers (measured with ``bench/footprint.py`` on a 2-core machine, each sampler alone,
 % of one core): py-spy 20 Hz in 3 s chunks ~1.0 (each start ~0.012 CPU-s, each sample per Hz
@@ -18,8 +20,14 @@ loop samples, in a 10 s window, above the 20 the stack shares need), the loop's 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+
+from torchwatch.analysis.diagnosis import Analysis
+from torchwatch.model.observation import SamplingChange, SamplingView
+from torchwatch.model.readings import HookState, Role, Status
 
 FAST = "fast"
 STEADY = "steady"
@@ -56,6 +64,10 @@ REFERENCE_READINGS = 5
 WAIT_SHIFT = 0.10
 # The verdict's confidence falling this far below the lowest it had while it settled.
 CONFIDENCE_DROP = 0.10
+# The cadence changes the report keeps (the last ones): a flapping training must not grow it.
+CHANGES_KEPT = 50
+# A startup share above this (py-spy sees the loop's thread importing) means the training is still starting.
+STARTING_SHARE = 0.5
 
 
 def until_tick(now: float, interval: float) -> float:
@@ -298,3 +310,158 @@ class CadencePolicy:
         self.reason = why
         self._held = 0
         return self.cadence
+
+
+def cadence_reading(
+    analysis: Analysis,
+    *,
+    window_s: float,
+    roles: Iterable[Role],
+    focus_hook: HookState | None,
+    hook_status: Status,
+    now: float,
+) -> CadenceReading:
+    """What the policy needs of one analysis tick.
+
+    Args:
+        analysis: the tick's analysis (of the job, with several ranks).
+        window_s: the verdict's window, s (the step count is the window's).
+        roles: the role of every process of the tree now (training processes and workers counted).
+        focus_hook: the focus process's latest hook reading (``None``: none).
+        hook_status: the hook source's status.
+        now: the time of the tick, monotonic s (the clock of ``HookState.first_step_t``).
+    """
+    v, f = analysis.verdict, analysis.features
+    top = next((x.rule for x in analysis.findings if x.label == v.label and x.summary == v.summary), None)
+    step_ms = f.get("step_time_p50_ms")
+    wait = f.get("data_wait_fraction")
+    tree = list(roles)
+    burst = focus_hook.record.burst if focus_hook is not None and focus_hook.record is not None else None
+    return CadenceReading(
+        label=v.label,
+        top_finding=top,
+        confidence=v.confidence,
+        step_time_s=None if step_ms is None else step_ms / 1000.0,
+        steps=(f.get("hook_steps_per_s") or 0.0) * window_s,
+        data_wait=wait if wait is not None else f.get("data_wait_share"),
+        processes=(tree.count(Role.MAIN), tree.count(Role.WORKER)),
+        straggler=analysis.straggler.pid if analysis.straggler is not None else None,
+        burst=None if burst is None else f"{burst.state}:{burst.count}",
+        collecting=_collecting(analysis, focus_hook, hook_status, window_s, now),
+    )
+
+
+def _collecting(
+    analysis: Analysis, focus_hook: HookState | None, hook_status: Status, window_s: float, now: float
+) -> bool:
+    """The verdict cannot settle yet: it still waits for samples, the training is still starting
+    (importing, or its hook has counted no step in the window, or its first step is less than a
+    window ago), so the readings that matter have not begun or not filled the window."""
+    v, f = analysis.verdict, analysis.features
+    if v.label == "undetermined" and v.confidence == 0.0:
+        return True
+    if (f.get("startup_share") or 0.0) > STARTING_SHARE:
+        return True
+    if hook_status is Status.STARTING or (hook_status is Status.OK and not f.get("hook_steps_per_s")):
+        return True
+    # The window still reaches back before the first step: its shares (data wait above all) still
+    # climb as the loop fills it, and a reference taken now would wake the cadence later.
+    first = focus_hook.first_step_t if focus_hook is not None else 0.0
+    return bool(first) and now - first < window_s
+
+
+class Pacer:
+    """The cadence in force for a session's samplers, for its threads (thread-safe).
+
+    Args:
+        policy: decides the cadence; its current one is applied at once.
+        apply: sets every source's rates to a cadence (the session's wiring); called outside any
+            lock, before the napping samplers are woken, so they wake to the new rates.
+        started: when watching started, monotonic s (the changes are stamped from it).
+        adaptive: ``False``: the fast cadence throughout; readings and wakes change nothing.
+    """
+
+    def __init__(
+        self, policy: CadencePolicy, apply: Callable[[Cadence], None], started: float, adaptive: bool = True
+    ) -> None:
+        self.policy = policy
+        self.adaptive = adaptive
+        self._apply = apply
+        self._started = started
+        self._lock = threading.Lock()
+        self._nap = threading.Condition()
+        self._generation = 0
+        self._changes: list[SamplingChange] = []
+        self._steady_since: float | None = None
+        self._steady_s = 0.0
+        self._switch(policy.cadence)
+
+    @property
+    def cadence(self) -> Cadence:
+        """The cadence in force."""
+        with self._lock:
+            return self.policy.cadence
+
+    @property
+    def generation(self) -> int:
+        """How many times a cadence was applied: a sampler that sees it change reads its sources now."""
+        return self._generation
+
+    def update(self, reading: CadenceReading, now: float | None = None) -> None:
+        """Hand the policy one analysis tick's reading and apply the cadence it returns."""
+        if self.adaptive:
+            self._change(reading, now)
+
+    def wake(self, why: str, now: float | None = None) -> None:
+        """Back to the fast cadence now: something the readings cannot show happened (``why``: a
+        key pressed in the TUI, a burst asked for)."""
+        if self.adaptive:
+            self._change(why, now)
+
+    def _change(self, reading: CadenceReading | str, now: float | None) -> None:
+        with self._lock:
+            before = self.policy.cadence
+            after = self.policy.wake(reading) if isinstance(reading, str) else self.policy.update(reading)
+            if after == before:
+                return
+            now = time.monotonic() if now is None else now
+            if after.mode == FAST and self._steady_since is not None:
+                self._steady_s += now - self._steady_since
+                self._steady_since = None
+            elif after.mode != FAST:
+                self._steady_since = now
+            self._changes.append(SamplingChange(round(now - self._started, 1), after.mode, self.policy.reason))
+            del self._changes[:-CHANGES_KEPT]
+        self._switch(after)
+
+    def _switch(self, cadence: Cadence) -> None:
+        self._apply(cadence)
+        with self._nap:
+            self._generation += 1
+            self._nap.notify_all()
+
+    def view(self, now: float | None = None) -> SamplingView:
+        """The cadence, why, the seconds spent steady so far (until ``now``, monotonic s) and the
+        last :data:`CHANGES_KEPT` changes."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            steady = self._steady_s + (now - self._steady_since if self._steady_since is not None else 0.0)
+            return SamplingView(
+                mode=self.policy.mode,
+                reason=self.policy.reason if self.adaptive else "adaptive cadence off",
+                steady_s=round(steady, 1),
+                returns_to_fast=self.policy.changes,
+                changes=tuple(self._changes),
+            )
+
+    def nap(self, seconds: float, stop: threading.Event) -> None:
+        """Wait ``seconds``, or less when ``stop`` is set (and :meth:`interrupt` called) or the
+        cadence changes."""
+        with self._nap:
+            generation = self._generation
+            self._nap.wait_for(lambda: stop.is_set() or self._generation != generation, seconds)
+
+    def interrupt(self) -> None:
+        """Wake every nap now, to look at its ``stop`` event (watching stops)."""
+        with self._nap:
+            self._nap.notify_all()

@@ -3,7 +3,7 @@
 A job on one machine is a launcher and its ranks, the launcher's direct children:
 
 - torchrun's agent (``torchrun``, ``python -m torch.distributed.run`` and the other launchers of
-  :mod:`torchwatch.hook.roles`): each child is a rank, and carries ``RANK``, ``LOCAL_RANK`` and
+  :mod:`torchwatch.wire.roles`): each child is a rank, and carries ``RANK``, ``LOCAL_RANK`` and
   ``WORLD_SIZE`` in its environment (``/proc/PID/environ``, readable by its user and root);
 - a script that called ``torch.multiprocessing.spawn``: its ranks run multiprocessing's spawn entry
   point (``python -c "from multiprocessing.spawn import spawn_main; ..." --multiprocessing-fork``),
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from torchwatch.hook.roles import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.readings import Frame, Role
 from torchwatch.sources.proc import ProcessTree, TreeNode
 from torchwatch.sources.pyspy import dump_threads
+from torchwatch.wire import LAUNCHER_MODULES, LAUNCHER_SCRIPTS, MP_HELPER_MARKERS, SPAWN_MARKERS
 
 SPAWN_WRAP = ("_wrap", os.path.join("torch", "multiprocessing", "spawn.py"))
 """The frame a ``torch.multiprocessing.spawn`` rank runs its function in: (function, file ending)."""
@@ -72,7 +72,7 @@ class Job:
     Attributes:
         named: the PID the user gave.
         launcher: the launcher's PID when ``named`` is a rank or the launcher of a job, else ``None``.
-        kind: ``torchrun`` (any launcher of :data:`~torchwatch.hook.roles.LAUNCHER_MODULES`) or
+        kind: ``torchrun`` (any launcher of :data:`~torchwatch.wire.roles.LAUNCHER_MODULES`) or
             ``mp.spawn``; ``None`` for no job.
         ranks: the ranks found, oldest first.
         note: why no job was found or a rank left out, ``""`` when nothing to say.

@@ -17,10 +17,9 @@ from torchwatch.analysis import views
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import CATALOGUE, thread_states
 from torchwatch.analysis.store import Store
-from torchwatch.hook.trialspec import TrialState
-from torchwatch.hook.wire import HookRecord
 from torchwatch.model.errors import shell_status
 from torchwatch.model.hang import HangView
+from torchwatch.model.memory import MemoryView
 from torchwatch.model.observation import (
     BurstView,
     ChildProcess,
@@ -37,6 +36,7 @@ from torchwatch.model.peaks import FlopRate, flop_rate
 from torchwatch.model.readings import HookState, SourceStatus, Status, ThreadSample
 from torchwatch.model.text import escape_all
 from torchwatch.model.units import amp_words
+from torchwatch.wire import HookRecord, TrialState
 
 HISTORY_S = 180.0  # seconds of readings behind the trends ("the last minutes")
 NO_HOOK = "no hook in the process: start the training with torchwatch run"
@@ -112,6 +112,7 @@ class Tick:
         history: the verdict's changes. own_usage: what watching cost so far.
         hang: the last hang the recorder made (``None``: none).
         sampling: the samplers' cadence (fast or steady) and why.
+        memory: the limit, the forecasts and the out-of-memory records (:mod:`torchwatch.watch.memwatch`).
     """
 
     now: float
@@ -128,6 +129,7 @@ class Tick:
     own_usage: SelfUsage = field(default_factory=SelfUsage)
     hang: HangView | None = None
     sampling: SamplingView = field(default_factory=SamplingView)
+    memory: MemoryView = field(default_factory=MemoryView)
 
 
 def exit_line(code: int | None, launched: bool, gone: bool) -> str | None:
@@ -327,7 +329,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         processes=tuple(views.process_rows(long.processes, short.threads)),
         gpus=gpus,
         gpu_note=None if gpus else gpu_note(statuses.get("nvml")),
-        memory=views.memory_trend(long.processes, long.gpus),
+        memory=replace(views.memory_trend(long.processes, long.gpus), view=tick.memory),
         history=tick.history,
         own_usage=tick.own_usage,
         hang=tick.hang,

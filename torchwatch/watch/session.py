@@ -4,6 +4,11 @@ One direction only: sources → store → features → diagnosis → Observation
 status line). Each analysis tick builds one :class:`~torchwatch.model.observation.Observation`
 (:mod:`torchwatch.watch.observe`); no face calls a source or reads the store: they get
 :meth:`Session.observe` and :meth:`Session.final_observation`.
+
+The session is the wiring: its threads, its sources and the store. The decisions live apart, each
+without threads of its own: which process is diagnosed (:mod:`torchwatch.watch.focus`; its PID is
+handed to py-spy and the hook with each read), the verdict of a process or of a job
+(:mod:`torchwatch.watch.diagnose`), how often each source is read (:mod:`torchwatch.watch.cadence`).
 """
 
 from __future__ import annotations
@@ -21,41 +26,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from torchwatch.analysis import features as feats
-from torchwatch.analysis import ranks
-from torchwatch.analysis.diagnosis import Analysis, Diagnoser
+from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.rules_engine import Rule
-from torchwatch.analysis.store import KEEP_S, Store, Window
-from torchwatch.hook.wire import RankInfo
+from torchwatch.analysis.store import KEEP_S, Store
 from torchwatch.model import files
 from torchwatch.model.errors import TorchwatchError
-from torchwatch.model.observation import (
-    ChildProcess,
-    Observation,
-    SamplingChange,
-    SamplingView,
-    SelfUsage,
-    TargetView,
-    VerdictChange,
-)
-from torchwatch.model.readings import GpuSample, HookState, Role, SourceStatus, Status
+from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
+from torchwatch.model.readings import HookState, Role, SourceStatus, Status
 from torchwatch.model.trials import Outcome
-from torchwatch.sources import Source
-from torchwatch.sources.hook import OTHER_RANKS_EVERY, HookSource
+from torchwatch.sources import FocusedSource, Source
+from torchwatch.sources.hook import HookSource
+from torchwatch.sources.memory import MemorySource
 from torchwatch.sources.nvml import NvmlSource
 from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
 from torchwatch.sources.pyspy import PySpySource
 from torchwatch.watch.cadence import (
-    FAST,
     Cadence,
     CadencePolicy,
     CadenceReading,
+    Pacer,
+    cadence_reading,
     fast_cadence,
     steady_cadence,
     until_tick,
 )
+from torchwatch.watch.diagnose import JobDiagnoser, why_missing
+from torchwatch.watch.focus import FocusPolicy
 from torchwatch.watch.hang import HangRecorder
-from torchwatch.watch.observe import Tick, Trends, device_memory, observe, target_view
+from torchwatch.watch.memwatch import MemoryWatch
+from torchwatch.watch.observe import Tick, Trends, observe, target_view
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +76,8 @@ class SessionOptions:
             ``max(30 s, 20 x p95 step)`` per process (:mod:`torchwatch.analysis.hang`).
         adaptive: drop to the steady cadence once the verdict settles
             (:mod:`torchwatch.watch.cadence`); ``False`` samples at the rates above throughout.
+        kernel_log: read the kernel's OOM-kill lines from ``/dev/kmsg`` (root; tests that must
+            not see the host's kills turn it off).
     """
 
     window_s: float = 10.0
@@ -89,6 +90,7 @@ class SessionOptions:
     hook_expected: bool = False
     hang_after: float | None = None
     adaptive: bool = True
+    kernel_log: bool = True
 
 
 # The bounds of --window. py-spy's stack samples arrive a chunk at a time, all stamped at the
@@ -122,7 +124,7 @@ class Session:
         options: SessionOptions | None = None,
         child: ChildProcess | None = None,
     ) -> None:
-        self.options = options or SessionOptions()
+        self.options = opts = options or SessionOptions()
         self.tree = ProcessTree(root_pid)
         self.store = Store()
         self.started = time.monotonic()
@@ -136,135 +138,56 @@ class Session:
         self.last_alive: Analysis | None = None  # the last analysis made while the target ran
         self.history: list[tuple[float, str]] = []  # (seconds since start, label) at each change
         self.ended_at: float | None = None
-        self._chosen: int | None = None
-        self.chosen_rank: int | None = None  # the rank the user picked to show (TUI), else the straggler
-        self._diagnosers: dict[int, Diagnoser] = {}
-        self._straggler_pid: int | None = None
-        self._rank_analyses: dict[int, Analysis] = {}  # {pid: its last analysis}
-        self._tick = 0
         self.stopped_target = False  # torchwatch stopped the launched command (--duration, q)
+        self._consumers: list[Callable[[Observation], None]] = []  # see subscribe()
         self._errors_seen: set[str] = set()
         self._trace_file: TextIO | None = None  # --trace, opened at the first analysis
-        opts = self.options
+        self._focus = FocusPolicy()
         self.proc = ProcSource(self.tree)
-        self.pyspy = PySpySource(
-            self._main_pid, self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s
-        )
         self.threads = ThreadStateSource(self.tree, interval=opts.thread_interval_s)
-        self.sources: list[Source] = [self.proc, self.threads, self.pyspy]
-        self.hook = HookSource(self._main_pid, expected=opts.hook_expected, rank_pids=self.tree.mains)
-        self.sources.append(self.hook)
-        self.nvml: NvmlSource | None = None
-        if opts.nvml:
-            self.nvml = NvmlSource(self.tree.pids)
+        self.pyspy = PySpySource(self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s)
+        self.hook = HookSource(expected=opts.hook_expected, rank_pids=self.tree.mains)
+        self.nvml = NvmlSource(self.tree.pids) if opts.nvml else None
+        self.memory = MemorySource(self._memory_pids, kmsg=opts.kernel_log)
+        self.memwatch = MemoryWatch(kernel_log=self.memory.reads_kernel_log)
+        self.sources: list[Source | FocusedSource] = [self.proc, self.threads, self.pyspy, self.hook, self.memory]
+        if self.nvml is not None:
             self.sources.append(self.nvml)
-        self.diagnoser = Diagnoser(rules, self.why_missing)
+        self.judge = JobDiagnoser(rules, self.why_missing)
         self.hang = HangRecorder(self.tree, self.started, opts.hang_after)
-        # The sampler threads nap on this condition: a change of cadence wakes them at once.
-        self._nap = threading.Condition()
-        self._cadence_gen = 0
         fast = fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
-        self.cadence = CadencePolicy(fast, steady_cadence(fast, opts.window_s))
-        self.sampling_changes: list[tuple[float, str, str]] = []  # (s since start, mode, why)
-        self._steady_since: float | None = None
-        self._steady_s = 0.0
-        self._apply(self.cadence.cadence)
+        policy = CadencePolicy(fast, steady_cadence(fast, opts.window_s))
+        self.pacer = Pacer(policy, self._apply, self.started, adaptive=opts.adaptive)
 
-    # -- tree helpers handed to sources -------------------------------------------------------
-    def _main_pid(self) -> int | None:
-        """The training process to diagnose: the busiest main, kept until another is 2x busier.
-
-        Under torchrun every rank is a main (ranks look alike, the first stays); when a Python
-        wrapper starts the real training with subprocess, the training is the busy one.
-        """
-        mains = self.tree.mains()
-        if not mains:
-            return None
-        # With several ranks: the rank chosen, else the straggler, else the lowest rank (a
-        # torch.multiprocessing.spawn launcher is a main too, and an idle one).
-        latest = self.latest
-        lowest = latest.ranks[0].pid if latest is not None and latest.ranks else None
-        picked = self._rank_pid(self.chosen_rank) if self.chosen_rank is not None else self._straggler_pid
-        for pid in (picked, lowest):
-            if pid in mains:
-                return pid
-        cpu = self.proc.cpu_pct
-        current = self._chosen if self._chosen in mains else mains[0]
-        busiest = max(mains, key=lambda pid: cpu.get(pid, 0.0))
-        if cpu.get(busiest, 0.0) > 2.0 * cpu.get(current, 0.0) + 5.0:
-            current = busiest
-        self._chosen = current
-        return current
-
-    def _rank_pid(self, rank: int) -> int | None:
-        """The PID of ``rank`` in the last analysis, ``None`` when it has none."""
-        latest = self.latest
-        found = [r.pid for r in latest.ranks if r.rank == rank] if latest is not None else []
-        return found[0] if found else None
+    # -- the focus ------------------------------------------------------------------------------
+    @property
+    def focus_pid(self) -> int | None:
+        """PID of the training process diagnosed and shown now (:class:`FocusPolicy`), ``None``
+        while the tree has none."""
+        return self._focus.focus(self.tree.mains(), self.proc.cpu_pct)
 
     def choose_rank(self, rank: int | None) -> None:
-        """Show ``rank`` in the panels (and diagnose it with py-spy's stacks); ``None``: the
-        straggler when there is one, else the busiest rank."""
-        self.chosen_rank = rank
+        """Show ``rank`` in the panels (and diagnose it with py-spy's stacks) from the next
+        analysis; ``None``: the straggler when there is one, else the lowest rank."""
+        self._focus.choose_rank(rank)
 
-    def _diagnoser(self, pid: int | None) -> Diagnoser:
-        """Each rank's rules hold and release on their own; the first process keeps the session's."""
-        if pid is None:
-            return self.diagnoser
-        if pid not in self._diagnosers:
-            first = not self._diagnosers
-            self._diagnosers[pid] = self.diagnoser if first else Diagnoser(self.diagnoser.rules, self.why_missing)
-        return self._diagnosers[pid]
-
-    def _evaluate(self, window: Window, now: float) -> Analysis:
-        """The analysis of the focus process; with several ranks, every rank's own, their
-        readings, the straggler and the job's verdict (:mod:`torchwatch.analysis.ranks`)."""
-        focus = self.main_pid
-        # The ranks: processes whose hook says they are one (a wrapper script or a
-        # torch.multiprocessing.spawn launcher is a main too); those that exited during the
-        # window (a job ending, stopped by --duration) keep their readings in it, so the last
-        # verdict still compares every rank.
-        pids = list(dict.fromkeys(h.pid for h in window.hook if h.record is not None and _is_rank(h.record.rank)))
-        if len(pids) < 2:
-            self._straggler_pid = None
-            return self._diagnoser(focus).evaluate(feats.compute(window, focus), now, feats.texts(window, focus))
-        # The ranks not shown are diagnosed every other tick (each costs a pass over the window);
-        # in between their last analysis stands.
-        self._tick += 1
-        per_rank = {}
-        for pid in pids:
-            last = self._rank_analyses.get(pid)
-            if pid == focus or last is None or self._tick % OTHER_RANKS_EVERY == 0:
-                last = self._rank_analyses[pid] = self._diagnoser(pid).evaluate(
-                    feats.compute(window, pid), now, feats.texts(window, pid)
-                )
-            per_rank[pid] = last
-        for gone in [p for p in self._rank_analyses if p not in pids]:
-            del self._rank_analyses[gone]
-        for gone in [p for p in self._diagnosers if p not in pids and self._diagnosers[p] is not self.diagnoser]:
-            del self._diagnosers[gone]
-        readings = ranks.rank_readings(window, per_rank)
-        found = ranks.straggler(readings)
-        self._straggler_pid = found.pid if found is not None else None
-        shown = focus if focus in per_rank else (readings[0].pid if readings else pids[0])
-        analysis = per_rank[shown]
-        analysis.per_rank, analysis.ranks = per_rank, readings
-        return ranks.job_analysis(analysis, per_rank, found)
+    def _memory_pids(self) -> list[int]:
+        """The tree's PIDs for the memory source, the focus process first (its cgroup's limit is
+        the one read)."""
+        pids = self.tree.pids()
+        focus = self.focus_pid
+        first = focus if focus is not None else self.tree.root
+        return [first, *[p for p in pids if p != first]]
 
     def _role_of(self, pid: int) -> Role:
         node = self.tree.nodes().get(pid)
         return node.role if node else Role.OTHER
 
-    @property
-    def main_pid(self) -> int | None:
-        """PID of the training process (first rank), once found."""
-        return self._main_pid()
-
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the sampling threads: one that ticks (the quick readers, then the rules), and one
         for each source that blocks (py-spy for a chunk, NVML in the driver)."""
-        ticked = [src for src in self.sources if src in (self.proc, self.threads, self.hook)]
+        ticked = [src for src in self.sources if src in (self.proc, self.threads, self.hook, self.memory)]
         for src in self.sources:
             if src in ticked:
                 continue
@@ -278,8 +201,8 @@ class Session:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sampling, close the sources and join the threads. Idempotent."""
         self._stop.set()
-        with self._nap:
-            self._nap.notify_all()
+        self.pacer.interrupt()
+        self._memory_last_round()  # before the kernel log is closed with its source
         for src in self.sources:
             try:
                 src.close()
@@ -318,59 +241,11 @@ class Session:
         )
 
     def why_missing(self, feature: str) -> str:
-        """Why ``feature`` has no value: the status of its source, or too few samples."""
-        spec = feats.CATALOGUE.get(feature)
-        if spec is None:
-            return "unknown feature"
-        by_source = {
-            "py-spy": "py-spy",
-            "proc": "threads",
-            "psutil": "psutil",
-            "psi": "psutil",
-            "diskstats": "psutil",
-            "vmstat": "psutil",
-            "nvml": "nvml",
-            "gpm": "gpm",
-            "hook": "hook",
-            "burst": "hook",
-            "cgroup": "psutil",
-        }
-        names = [by_source.get(part, part) for part in spec.source.split("+")]
-        statuses = self.statuses()
-        for name in names:
-            st = statuses.get(name)
-            if st is not None and st.status is Status.UNAVAILABLE:
-                return f"{name} unavailable: {st.reason}"
-        if feature == "gpu_proc_sm_pct":
-            last = self.store.latest(GpuSample)
-            if isinstance(last, GpuSample) and last.proc_util_reason:
-                return last.proc_util_reason
-        if spec.source == "gpm":
-            last = self.store.latest(GpuSample)
-            if isinstance(last, GpuSample) and last.gpm_reason:
-                return last.gpm_reason
-        if self.main_pid is None:
-            return "no Python training process found in the tree yet"
-        if "diskstats" in spec.source:
-            return (
-                "no block device served enough reads in the window "
-                "(data in the page cache or RAM, or on a network file system)"
-            )
-        if spec.source == "burst":
-            return "no profiler burst has completed yet (press b, or torchwatch burst PID)"
-        if spec.source == "cgroup":
-            return "no cgroup CPU quota binds the training (cpu.max / cpu.cfs_quota_us unset): nothing throttles it"
-        if feature in ("intra_op_threads", "interop_threads", "cpu_threads_wanted"):
-            return "the training's hook has not read its threads yet (it reads them at its steps)"
-        if spec.source == "hook" and feature.startswith("dl_"):
-            return "no DataLoader iterated in the training yet"
-        if spec.source == "hook" and feature.startswith("cuda_"):
-            reading = self.store.latest(HookState, lambda h: h.pid == self.main_pid)
-            why = device_memory(reading.record if reading is not None else None).why
-            return why or "the hook's device memory readings do not cover the window yet"
-        return "not enough samples in the window yet, or the loop never entered that state"
+        """Why ``feature`` has no value (one line; :func:`torchwatch.watch.diagnose.why_missing`)."""
+        return why_missing(feature, self.statuses(), self.store, self.focus_pid)
 
-    def _sample_loop(self, src: Source) -> None:
+    # -- the sampler threads --------------------------------------------------------------------
+    def _sample_loop(self, src: Source | FocusedSource) -> None:
         """A source on a thread of its own: sample, then sleep to its next tick."""
         while not self._stop.is_set():
             if not self._sample(src) or self.ended_at is not None:
@@ -379,7 +254,7 @@ class Session:
                 return  # NVML never comes back once unavailable (sample() gives [] for ever)
             self._sleep(until_tick(time.monotonic(), src.interval))
 
-    def _tick_loop(self, sources: Sequence[Source]) -> None:
+    def _tick_loop(self, sources: Sequence[Source | FocusedSource]) -> None:
         """The quick readers (psutil, thread states, the hook's files) and the rules on one
         thread: each tick of the grid (:func:`until_tick`) reads the sources due, then evaluates
         the rules when they are due, then sleeps to the next tick of any of them.
@@ -389,11 +264,11 @@ class Session:
         at the same instant (a thread per source on one grid doubled the context switches)."""
         due = {src: 0.0 for src in sources}  # the first round at once
         analysis_due = time.monotonic() + self.until_analysis(time.monotonic())
-        gen = self._cadence_gen
+        gen = self.pacer.generation
         while not self._stop.is_set():
             now = time.monotonic()
-            if gen != self._cadence_gen:  # a new cadence: read the sources now, then on its grid
-                gen = self._cadence_gen
+            if gen != self.pacer.generation:  # a new cadence: read the sources now, then on its grid
+                gen = self.pacer.generation
                 due = dict.fromkeys(due, now)
                 # the rules at their next tick: the change most often comes from the rules
                 # themselves, and evaluating them again at once would only repeat the verdict
@@ -412,12 +287,18 @@ class Session:
                 analysis_due = t + self.until_analysis(t)
             self._sleep(max(0.0, min([analysis_due, *due.values()]) - time.monotonic()))
 
-    def _sample(self, src: Source) -> bool:
+    def read(self, src: Source | FocusedSource, now: float) -> Sequence[object]:
+        """One reading of ``src`` stamped ``now`` (monotonic s); py-spy and the hook read the
+        focus process of this moment (:attr:`focus_pid`). Raises what the source raises."""
+        if isinstance(src, FocusedSource):
+            return src.sample(now, self.focus_pid)
+        return src.sample(now)
+
+    def _sample(self, src: Source | FocusedSource) -> bool:
         """One reading of ``src`` into the store; ``False`` when the source failed and stops
         (the others keep running)."""
-        t0 = time.monotonic()
         try:
-            readings = src.sample(t0)
+            readings = self.read(src, time.monotonic())
         except Exception as exc:
             log.exception("the %s sampler failed; it stops, the other sources keep running", src.name)
             src.status = SourceStatus.unavailable(
@@ -434,9 +315,90 @@ class Session:
 
     def _sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less when watching stops or the cadence changes."""
-        with self._nap:
-            gen = self._cadence_gen
-            self._nap.wait_for(lambda: self._stop.is_set() or self._cadence_gen != gen, seconds)
+        self.pacer.nap(seconds, self._stop)
+
+    def _mark_spawned(self, readings: Sequence[object]) -> None:
+        """Ranks a training started with ``torch.multiprocessing.spawn`` (its hook lists them) are
+        training processes of the tree, not its DataLoader workers."""
+        for r in readings:
+            if isinstance(r, HookState) and r.record is not None and r.record.spawned_ranks:
+                self.tree.mark_spawned_ranks(r.pid, r.record.spawned_ranks)
+
+    # -- the analysis tick ----------------------------------------------------------------------
+    def _analysis_round(self) -> None:
+        """Trim the store, look for a hang, evaluate the rules; an error is logged, never raised."""
+        self.store.trim(time.monotonic())
+        try:
+            self.hang.check(time.monotonic())
+        except Exception as exc:
+            self._log_analysis_error(exc)
+        try:
+            self.analyze()
+        except Exception as exc:
+            self._log_analysis_error(exc)
+
+    def until_analysis(self, now: float) -> float:
+        """Seconds from ``now`` to the next evaluation of the rules: the next tick of the
+        analysis interval (1 s fast, 2 s steady), right after the samplers due at that tick."""
+        return until_tick(now, self.pacer.cadence.analysis_interval_s)
+
+    def _log_analysis_error(self, exc: Exception) -> None:
+        """Log a failed analysis: the first of each kind as a warning, every one with its traceback
+        at debug level (the loop retries every second, so a persistent error would flood the log)."""
+        key = f"{type(exc).__name__}: {exc}"
+        if key not in self._errors_seen:
+            self._errors_seen.add(key)
+            log.warning("analysis failed (retried every %g s): %s", self.options.analysis_interval_s, key)
+        log.debug("analysis failed", exc_info=exc)
+
+    def analyze(self, now: float | None = None) -> Analysis:
+        """Compute features and evaluate the rules over the last ``window_s`` seconds, for the
+        focus process (:mod:`torchwatch.watch.diagnose`); then feed the cadence, build and
+        publish the tick's Observation, hand it to the consumers (:meth:`subscribe`) and trace the analysis."""
+        now = time.monotonic() if now is None else now
+        end = self.ended_at if self.ended_at is not None else now
+        focus_now = self.focus_pid
+        try:
+            self.memwatch.update(self.store, now, focus_now)
+        except Exception as exc:  # the memory forecast must not cost the tick its verdict
+            self._log_analysis_error(exc)
+        analysis = self.judge.evaluate(
+            self.store.window(end - self.options.window_s, end),
+            focus_now,
+            now,
+            extra=self.memwatch.features(),
+            extra_texts=self.memwatch.texts(),
+        )
+        self._focus.judged(analysis.ranks, analysis.straggler.pid if analysis.straggler is not None else None)
+        with self._lock:
+            self.latest = analysis
+            if self.ended_at is None and not self._ranks_ended(analysis):
+                self.last_alive = analysis
+            label = analysis.verdict.label
+            if not self.history or self.history[-1][1] != label:
+                self.history.append((round(now - self.started, 1), label))
+        focus = self.focus_pid  # after the verdict: it names the straggler and the ranks
+        if self.ended_at is None and self.pacer.adaptive:
+            self.pacer.update(self._cadence_reading(analysis, focus, now), now)
+        observation = self._observe(analysis, now, focus)
+        with self._lock:
+            self._observation = observation
+        # The per-tick consumers of the Observation (subscribe()): after it is published.
+        for consumer in list(self._consumers):
+            try:
+                consumer(observation)
+            except Exception as exc:
+                self._log_analysis_error(exc)
+        if self.options.trace_path is not None:
+            self._trace(analysis, now, focus)
+        return analysis
+
+    def subscribe(self, consumer: Callable[[Observation], None]) -> None:
+        """Call ``consumer`` with each analysis tick's Observation, on the analysis thread, after
+        it is published (:attr:`latest_observation`), in the order subscribed. It must be quick (a
+        write, a queue put): the next tick waits for it. One that raises is logged (once per kind
+        of error, as a failed analysis) and the others still run. Subscribe before :meth:`start`."""
+        self._consumers.append(consumer)
 
     def _ranks_ended(self, analysis: Analysis) -> bool:
         """The job's ranks have exited while its launcher lingers: ``analysis`` (of the launcher
@@ -447,98 +409,23 @@ class Session:
         mains = set(self.tree.mains())
         return not any(r.pid in mains for r in last.ranks)
 
-    def _mark_spawned(self, readings: Sequence[object]) -> None:
-        """Ranks a training started with ``torch.multiprocessing.spawn`` (its hook lists them) are
-        training processes of the tree, not its DataLoader workers."""
-        for r in readings:
-            if isinstance(r, HookState) and r.record is not None and r.record.spawned_ranks:
-                self.tree.mark_spawned_ranks(r.pid, r.record.spawned_ranks)
-
-    def analyze(self, now: float | None = None) -> Analysis:
-        """Compute features and evaluate the rules over the last ``window_s`` seconds."""
-        now = time.monotonic() if now is None else now
-        end = self.ended_at if self.ended_at is not None else now
-        window = self.store.window(end - self.options.window_s, end)
-        analysis = self._evaluate(window, now)
-        with self._lock:
-            self.latest = analysis
-            if self.ended_at is None and not self._ranks_ended(analysis):
-                self.last_alive = analysis
-            label = analysis.verdict.label
-            if not self.history or self.history[-1][1] != label:
-                self.history.append((round(now - self.started, 1), label))
-        if self.ended_at is None and self.options.adaptive:
-            self._adapt(self._cadence_reading(analysis), now)
-        observation = self._observe(analysis, now)
-        with self._lock:
-            self._observation = observation
-        if self.options.trace_path is not None:
-            self._trace(analysis, now)
-        return analysis
-
-    # -- cadence ----------------------------------------------------------------------------------
-    def _cadence_reading(self, analysis: Analysis) -> CadenceReading:
-        """What the cadence policy needs of one analysis (see :class:`CadenceReading`)."""
-        v, f = analysis.verdict, analysis.features
-        top = next((x.rule for x in analysis.findings if x.label == v.label and x.summary == v.summary), None)
-        step_ms = f.get("step_time_p50_ms")
-        wait = f.get("data_wait_fraction")
-        roles = [n.role for n in self.tree.nodes().values()]
-        focus = self.main_pid
+    # -- the cadence's wiring ---------------------------------------------------------------------
+    def _cadence_reading(self, analysis: Analysis, focus: int | None, now: float) -> CadenceReading:
+        """What the cadence policy needs of ``analysis`` (:func:`cadence_reading`): the tree's
+        roles, the focus process's latest hook reading and the hook's status."""
         reading = self.store.latest(HookState, lambda h: h.pid == focus) if focus is not None else None
-        burst = reading.record.burst if reading is not None and reading.record is not None else None
-        return CadenceReading(
-            label=v.label,
-            top_finding=top,
-            confidence=v.confidence,
-            step_time_s=None if step_ms is None else step_ms / 1000.0,
-            steps=(f.get("hook_steps_per_s") or 0.0) * self.options.window_s,
-            data_wait=wait if wait is not None else f.get("data_wait_share"),
-            processes=(roles.count(Role.MAIN), roles.count(Role.WORKER)),
-            straggler=analysis.straggler.pid if analysis.straggler is not None else None,
-            burst=None if burst is None else f"{burst.state}:{burst.count}",
-            collecting=self._collecting(analysis, reading),
+        return cadence_reading(
+            analysis,
+            window_s=self.options.window_s,
+            roles=[n.role for n in self.tree.nodes().values()],
+            focus_hook=reading,
+            hook_status=self.hook.status.status,
+            now=now,
         )
 
-    def _collecting(self, analysis: Analysis, focus_hook: HookState | None) -> bool:
-        """The verdict cannot settle yet: it still waits for samples, the training is still
-        starting (importing, or its hook has counted no step in the window, or its first step is
-        less than a window ago: ``focus_hook``, the focus process's latest hook reading), so the
-        readings that matter have not begun or not filled the window."""
-        v, f = analysis.verdict, analysis.features
-        if v.label == "undetermined" and v.confidence == 0.0:
-            return True
-        if (f.get("startup_share") or 0.0) > 0.5:  # py-spy sees the loop's thread importing
-            return True
-        hook = self.hook.status.status
-        if hook is Status.STARTING or (hook is Status.OK and not f.get("hook_steps_per_s")):
-            return True
-        # The window still reaches back before the first step: its shares (data wait above all)
-        # still climb as the loop fills it, and a reference taken now would wake the cadence later.
-        first = focus_hook.first_step_t if focus_hook is not None else 0.0
-        return bool(first) and time.monotonic() - first < self.options.window_s
-
-    def _adapt(self, reading: CadenceReading | str, now: float | None = None) -> None:
-        """Hand the policy a reading (or, as a string, why to go fast: a key, a burst request)
-        and apply the cadence it returns."""
-        with self._lock:
-            before = self.cadence.cadence
-            after = self.cadence.wake(reading) if isinstance(reading, str) else self.cadence.update(reading)
-            if after == before:
-                return
-            now = time.monotonic() if now is None else now
-            if after.mode == FAST and self._steady_since is not None:
-                self._steady_s += now - self._steady_since
-                self._steady_since = None
-            elif after.mode != FAST:
-                self._steady_since = now
-            self.sampling_changes.append((round(now - self.started, 1), after.mode, self.cadence.reason))
-            del self.sampling_changes[:-50]  # bounded: a flapping training must not grow the report
-        self._apply(after)
-
     def _apply(self, c: Cadence) -> None:
-        """Set every source's rates to ``c``; going fast, cut a slow py-spy chunk short and wake
-        the samplers, so the fast readings start now, not after the nap."""
+        """Set every source's rates to ``c`` (the :class:`Pacer` then wakes the samplers); going
+        fast, cut a slow py-spy chunk short, so the fast readings start now, not after the chunk."""
         slower = c.pyspy_rate > self.pyspy.rate
         self.pyspy.rate, self.pyspy.chunk = c.pyspy_rate, c.pyspy_chunk_s
         self.threads.interval, self.threads.all_interval = c.thread_interval_s, c.all_threads_interval_s
@@ -548,33 +435,18 @@ class Session:
             self.nvml.interval = c.nvml_interval_s
         if slower:
             self.pyspy.cut_short()
-        with self._nap:
-            self._cadence_gen += 1
-            self._nap.notify_all()
 
     def wake(self, why: str) -> None:
         """Back to the fast cadence now: something the readings cannot show happened (a key
-        pressed in the TUI, a burst asked for)."""
-        if self.options.adaptive and self.ended_at is None:
-            self._adapt(why)
+        pressed in the TUI, a burst asked for); nothing once the target has exited."""
+        if self.ended_at is None:
+            self.pacer.wake(why)
 
-    def sampling(self, now: float | None = None) -> SamplingView:
-        """The current cadence, why, and the seconds spent steady so far."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            steady = self._steady_s + (now - self._steady_since if self._steady_since is not None else 0.0)
-            return SamplingView(
-                mode=self.cadence.mode,
-                reason=self.cadence.reason if self.options.adaptive else "adaptive cadence off",
-                steady_s=round(steady, 1),
-                returns_to_fast=self.cadence.changes,
-                changes=tuple(SamplingChange(t, mode, why) for t, mode, why in self.sampling_changes),
-            )
-
-    def _trace(self, analysis: Analysis, now: float) -> None:
+    # -- --trace ----------------------------------------------------------------------------------
+    def _trace(self, analysis: Analysis, now: float, focus: int | None) -> None:
         record = {
             "t": round(now - self.started, 2),
-            "main_pid": self.main_pid,
+            "main_pid": focus,
             "verdict": analysis.verdict.to_json(),
             "findings": [f.rule for f in analysis.findings],
             "features": {k: (None if v is None else round(v, 4)) for k, v in analysis.features.items()},
@@ -598,32 +470,6 @@ class Session:
             with contextlib.suppress(OSError):
                 f.close()
 
-    def _analysis_round(self) -> None:
-        """Trim the store, look for a hang, evaluate the rules; an error is logged, never raised."""
-        self.store.trim(time.monotonic())
-        try:
-            self.hang.check(time.monotonic())
-        except Exception as exc:
-            self._log_analysis_error(exc)
-        try:
-            self.analyze()
-        except Exception as exc:
-            self._log_analysis_error(exc)
-
-    def until_analysis(self, now: float) -> float:
-        """Seconds from ``now`` to the next evaluation of the rules: the next tick of the
-        analysis interval (1 s fast, 2 s steady), right after the samplers due at that tick."""
-        return until_tick(now, self.cadence.cadence.analysis_interval_s)
-
-    def _log_analysis_error(self, exc: Exception) -> None:
-        """Log a failed analysis: the first of each kind as a warning, every one with its traceback
-        at debug level (the loop retries every second, so a persistent error would flood the log)."""
-        key = f"{type(exc).__name__}: {exc}"
-        if key not in self._errors_seen:
-            self._errors_seen.add(key)
-            log.warning("analysis failed (retried every %g s): %s", self.options.analysis_interval_s, key)
-        log.debug("analysis failed", exc_info=exc)
-
     # -- the Observation ---------------------------------------------------------------
     @property
     def latest_observation(self) -> Observation | None:
@@ -639,30 +485,44 @@ class Session:
             analysis = self.last_alive or self.latest
         if current is not None and self.ended_at is None and not self._child_exited():
             return current
-        return self._observe(analysis, time.monotonic())
+        return self._observe(analysis, time.monotonic(), self.focus_pid)
 
     def final_observation(self) -> Observation:
         """The Observation the report is made of: the last verdict made while the target ran
         (see :meth:`final`) over the readings up to its exit; a thread dump in flight is waited for."""
         self.hang.join(HANG_JOIN_S)
-        return self._observe(self.final(), time.monotonic())
+        self._memory_last_round()
+        return self._observe(self.final(), time.monotonic(), self.focus_pid)
+
+    def _memory_last_round(self) -> None:
+        """After the target exited: the kernel log once more (a worker's OOM kill is often the
+        last thing before its training exits) and the hooks' last words (a CUDA out-of-memory
+        record); never raises."""
+        now = time.monotonic()
+        try:
+            self.store.add(self.memory.sample(now))
+            self.memwatch.update(self.store, now, self.focus_pid)
+            self.memwatch.finish(self.store, now)
+        except Exception as exc:
+            self._log_analysis_error(exc)
 
     def _child_exited(self) -> bool:
         return self.child is not None and self.child.poll() is not None
 
-    def _target(self) -> TargetView:
+    def _target(self, focus: int | None) -> TargetView:
         root = self.tree.root
         nodes = self.tree.nodes()
-        node = nodes.get(self.main_pid or root) or nodes.get(root)
+        node = nodes.get(focus or root) or nodes.get(root)
         return target_view(root, node.cmdline if node else (), self.child, self.target_gone)
 
-    def _observe(self, analysis: Analysis | None, now: float) -> Observation:
-        """Build the Observation of ``analysis`` at ``now`` (see :func:`torchwatch.watch.observe.observe`)."""
-        target = self._target()
+    def _observe(self, analysis: Analysis | None, now: float, focus: int | None) -> Observation:
+        """Build the Observation of ``analysis`` at ``now`` with ``focus`` the process shown (see
+        :func:`torchwatch.watch.observe.observe`)."""
+        target = self._target(focus)
         with self._lock:
             history = tuple(VerdictChange(t, label) for t, label in self.history)
         try:
-            possible = (False, "the training has exited") if target.exited else self.burst_possible()
+            possible = (False, "the training has exited") if target.exited else self._burst_possible(focus)
         except Exception as exc:  # a failing check must not cost the tick its Observation
             possible = (False, f"burst check failed: {exc!r}")
         tick = Tick(
@@ -672,20 +532,22 @@ class Session:
             window_s=self.options.window_s,
             analysis=analysis,
             statuses=tuple(self.statuses().items()),
-            focus_pid=self.main_pid,
+            focus_pid=focus,
             target=target,
             hook_status=self.hook.status,
             burst_possible=possible,
             history=history,
             own_usage=self.own_usage(),
             hang=self.hang.view(self.ended_at if self.ended_at is not None else now),  # a stall ends with the training
-            sampling=self.sampling(now),
+            sampling=self.pacer.view(now),
+            memory=self.memwatch.view(),
         )
         return observe(self.store, tick, self.trends)
 
-    def burst_possible(self) -> tuple[bool, str]:
-        """Whether a profiler burst can be asked for now; if not, why (one line)."""
-        reader = self.hook.reader()
+    # -- bursts and trials --------------------------------------------------------------------------
+    def _burst_possible(self, focus: int | None) -> tuple[bool, str]:
+        """Whether a profiler burst of ``focus`` can be asked for now; if not, why (one line)."""
+        reader = self.hook.reader(focus)
         if reader is None:
             return False, "no training process found yet"
         if self.target_gone:
@@ -693,10 +555,10 @@ class Session:
         return reader.burst_possible()
 
     def request_burst(self, params: dict[str, object] | None = None) -> tuple[bool, str]:
-        """Ask the hook for a profiler burst (non-blocking; see :meth:`HookReader.request_burst`);
-        the samplers go back to the fast cadence to watch it."""
+        """Ask the focus process's hook for a profiler burst (non-blocking; see
+        :meth:`HookReader.request_burst`); the samplers go back to the fast cadence to watch it."""
         self.wake("a profiler burst was asked for")
-        reader = self.hook.reader()
+        reader = self.hook.reader(self.focus_pid)
         if reader is None:
             return False, "no training process found yet"
         return reader.request_burst(params)
@@ -713,7 +575,7 @@ class Session:
         from torchwatch.watch.trials import plan_trial, readers_for, run_trial
 
         self.wake(f"a live trial of {assignment} was asked for")
-        reader = self.hook.reader()
+        reader = self.hook.reader(self.focus_pid)
         if reader is None:
             raise TorchwatchError("no training process found yet", "wait for the training's first steps")
         readers = readers_for(reader.pid)
@@ -725,8 +587,3 @@ class Session:
             if self.last_alive is not None:
                 return self.last_alive
         return self.analyze()
-
-
-def _is_rank(info: RankInfo | None) -> bool:
-    """The hook names a rank (a launcher's record may carry the job's key but no rank)."""
-    return info is not None and info.rank is not None

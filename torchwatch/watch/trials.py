@@ -3,7 +3,7 @@
 torchwatch plans the blocks from the step time it reads, writes the same request to every rank's
 hook (the same ``id`` and, for several ranks, the same ``start_step``, so every rank switches at
 the same step), sends the burst signal, then reads each rank's published
-:class:`~torchwatch.hook.trialspec.TrialState` until all have ended. The hook runs the trial and
+:class:`~torchwatch.wire.TrialState` until all have ended. The hook runs the trial and
 puts the old value back by itself; torchwatch only asks. When torchwatch is stopped (SIGTERM,
 SIGINT, SIGHUP) while a trial runs, it asks every rank to end the trial (``trial-stop``) and waits
 for their old values to be read back, at most :data:`STOP_WAIT_S`, before it goes.
@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from torchwatch.hook import trialspec as ts
+from torchwatch import wire
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.trials import Outcome, Plan
 from torchwatch.sources.hook import NO_HOOK_HINT, HookReader
@@ -65,7 +65,7 @@ def _typical_step(readers: Sequence[HookReader]) -> tuple[float | None, int]:
 
 def check_assignment(
     assignment: str, *, block_steps: int | None = None, max_s: float = 60.0, allow_numerics: bool = False
-) -> tuple[ts.Setting, str]:
+) -> tuple[wire.Setting, str]:
     """The setting and value text of ``assignment`` (``SETTING=VALUE``), checked before anything
     is read or sent.
 
@@ -74,7 +74,7 @@ def check_assignment(
             a precision setting without ``allow_numerics``, ``block_steps`` or ``max_s`` out of range.
     """
     try:
-        setting, _value, text = ts.parse_assignment(assignment)
+        setting, _value, text = wire.parse_assignment(assignment)
     except ValueError as exc:
         raise UsageError(str(exc), "e.g. threads=2 or num_workers=4; torchwatch trial --help lists them") from None
     if setting.refused is not None:
@@ -117,15 +117,15 @@ def plan_trial(
     typical, furthest = _typical_step(readers)
     if block_steps is None:
         if typical is None:
-            if setting.mode == ts.STEPS:
+            if setting.mode == wire.STEPS:
                 raise TorchwatchError("no step measured yet: blocks cannot be planned", "try again in a few steps")
             block_steps = 10
         else:
             block_steps = max(5, min(1000, math.ceil(BLOCK_S / typical)))
     warmup = max(1, min(5, block_steps // 5))
-    start = furthest + START_MARGIN_STEPS if len(readers) > 1 and setting.mode == ts.STEPS else None
+    start = furthest + START_MARGIN_STEPS if len(readers) > 1 and setting.mode == wire.STEPS else None
     rid = (rng or random.SystemRandom()).randint(1, 1 << 31)
-    req = ts.TrialRequest(
+    req = wire.TrialRequest(
         id=rid, setting=setting.name, value=text, block_steps=block_steps, warmup=warmup, max_s=max_s,
         target=target, keep=keep, allow_numerics=allow_numerics, start_step=start,
     )  # fmt: skip
@@ -137,7 +137,7 @@ def run_trial(
     plan: Plan,
     *,
     stopped: Callable[[], int | None] = lambda: None,
-    on_progress: Callable[[dict[int, ts.TrialState | None]], None] | None = None,
+    on_progress: Callable[[dict[int, wire.TrialState | None]], None] | None = None,
     wait_extra_s: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Outcome:
@@ -176,7 +176,7 @@ def run_trial(
             if rec.rank is not None and rec.rank.rank is not None:
                 out.ranks[pid] = rec.rank.rank
             st = rec.trial
-            if isinstance(st, ts.TrialState) and st.id == plan.request.id:
+            if isinstance(st, wire.TrialState) and st.id == plan.request.id:
                 out.states[pid] = st
                 if st.finished:
                     del live[pid]
@@ -188,7 +188,7 @@ def run_trial(
         signum = stopped()
         if signum is not None and stop_deadline is None:
             out.stopped_by = signum
-            stop = {"kind": ts.TRIAL_STOP_KIND, "id": plan.request.id}
+            stop = {"kind": wire.TRIAL_STOP_KIND, "id": plan.request.id}
             for reader in live.values():
                 reader.request_trial(stop)
             stop_deadline = now + STOP_WAIT_S

@@ -14,13 +14,14 @@ order), worker 1 has filled its prefetch slots and waits for more indices: nothi
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import _scenario as sc
@@ -56,21 +57,11 @@ class RemoteLabels(Dataset[tuple[torch.Tensor, int]]):
         return self.x[i], fetch_label(i, stuck)
 
 
-def main() -> None:
-    args = sc.parse_args(NAME, __doc__)
-    sc.seed()
-    device = torch.device(args.device)
-    with sc.Run(NAME, device) as run:
-        loader = DataLoader(RemoteLabels(args.relieve), batch_size=BATCH, shuffle=True, drop_last=True, num_workers=2)
-        model = nn.Sequential(nn.Linear(DIM, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-
-        def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            x, y = sc.to_device(batch, device)
-            return sc.sgd_step(model, opt, x, y)
-
-        run.train(loader, step, args.seconds)
+def setup(args: argparse.Namespace, device: torch.device) -> sc.Loop:
+    loader = sc.data_loader(RemoteLabels(args.relieve), BATCH, 2)
+    model = nn.Sequential(nn.Linear(DIM, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+    return sc.Loop(loader, sc.batch_steps(model, torch.optim.SGD(model.parameters(), lr=1e-2), device))
 
 
 if __name__ == "__main__":
-    main()
+    sc.main(NAME, __doc__, setup)

@@ -70,10 +70,19 @@ _NO_COLOR = NoColor()  # every style's colours replaced by the terminal's defaul
 
 
 class Watched(Protocol):
-    """What the TUI needs of a watch session: the Observation to show, and a way to ask for a burst."""
+    """What the TUI needs of a watch session: the Observation to show, the rank to show, that
+    someone is looking, and the burst and the live trial it may ask for."""
 
     def observe(self) -> Observation:
         """The Observation to show now."""
+        ...
+
+    def choose_rank(self, rank: int | None) -> None:
+        """Show ``rank`` from the next Observation on; ``None``: the straggler, else the lowest rank."""
+        ...
+
+    def wake(self, why: str) -> None:
+        """Someone is looking (``why``: a key was pressed): sample at the fast cadence now."""
         ...
 
     def request_burst(self) -> tuple[bool, str]:
@@ -348,11 +357,7 @@ class WatchApp(App[None]):
 
     def on_ranks_table_chosen(self, message: RanksTable.Chosen) -> None:
         """Show the rank chosen in the other panels (py-spy follows it from its next chunk)."""
-        choose = getattr(self.watched, "choose_rank", None)
-        if choose is None:
-            self.notify("this view cannot choose a rank", severity="warning")
-            return
-        choose(message.rank)
+        self.watched.choose_rank(message.rank)
         shown = "the straggler (or the lowest rank)" if message.rank is None else f"rank {message.rank}"
         self.notify(f"showing {shown} from the next analysis")
 
@@ -391,9 +396,7 @@ class WatchApp(App[None]):
         """Any key sends the session's samplers back to the fast cadence (someone is looking: the
         panels should move at full rate); a greyed-out ``b`` still answers: it says why no
         burst can be taken."""
-        wake = getattr(self.watched, "wake", None)
-        if wake is not None:
-            wake("a key was pressed in the TUI")
+        self.watched.wake("a key was pressed in the TUI")
         if event.key == "b" and self.check_action("burst", ()) is None:
             reason = self.observation.focus.burst.reason if self.observation else "no reading yet"
             self.notify(f"burst unavailable: {reason}", severity="warning", markup=False)

@@ -12,13 +12,14 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
+from torchwatch.faces import memory as memfaces
 from torchwatch.faces.compile import compile_summary, event_line, flop_line
 from torchwatch.faces.tui import views
-from torchwatch.hook.wire import LOADER_SETTINGS
 from torchwatch.model.findings import Finding
 from torchwatch.model.observation import BurstView, DeviceMemory, FeatureSpec, GpuRow, MemoryTrend, Observation
 from torchwatch.model.readings import Frame, SourceStatus, Status
 from torchwatch.model.units import fmt_bytes, fmt_pct, fmt_share, fmt_value
+from torchwatch.wire import LOADER_SETTINGS
 
 LABEL_STYLES = {
     "gpu-bound": "bold green",
@@ -409,6 +410,42 @@ def memory_text(memory: MemoryTrend) -> Text:
     text.append(f" (peak {fmt_bytes(memory.rss_peak_bytes)})", style="dim")
     if memory.rss_by_role:
         text.append(" · " + " · ".join(f"{role} {fmt_bytes(b)}" for role, b in memory.rss_by_role))
+    return text
+
+
+def memory_limit_text(memory: MemoryTrend) -> Text:
+    """The limit, the forecasts and the out-of-memory records, one line each::
+
+        limit 1.0 GiB (cgroup v1 memory limit of /sys/fs/cgroup/memory/job) · in use 612 MiB (60%)
+        host memory reaches its limit (1.0 GiB) in ~2 min 10 s (95%: 1 min 50 s - 2 min 40 s), +3.1 MiB/s over 75 s
+          fastest: worker 4312: private +3.0 MiB/s, shared -2.9 MiB/s (copy-on-write ...)
+        OUT OF MEMORY: worker 4312 (pt_data_worker): killed by the kernel's OOM killer (see the memory record)
+
+    Without a forecast, why (dim): ``no forecast: 40 s of steady readings since the last reset, 60 s needed``.
+    """
+    view = memory.view
+    text = Text()
+    lim = view.limit
+    if lim is None:
+        text.append("limit n/a (the training's cgroup and /proc/meminfo are not readable)", style="dim")
+    else:
+        text.append("limit ", style="dim")
+        text.append(fmt_bytes(lim.limit), style="bold")
+        text.append(f" ({lim.source})", style="dim")
+        text.append(f" · in use {fmt_bytes(lim.used)} ({fmt_share(lim.used / lim.limit if lim.limit else 0)})")
+    for f in view.forecasts:
+        text.append("\n")
+        text.append(
+            memfaces.forecast_line(memfaces.forecast_report(f)), style="bold red" if f.seconds < 600 else "bold yellow"
+        )
+        if f.grower:
+            text.append(f"\n  fastest: {f.grower}", style="dim")
+    if not view.forecasts and view.why_not:
+        text.append(f"\nno forecast: {view.why_not}", style="dim")
+    for r in view.records:
+        kind = "killed by the kernel's OOM killer" if r.kind == "host" else "CUDA out of memory"
+        text.append(f"\nOUT OF MEMORY: {r.role} {r.pid} ({r.name or '?'}): {kind} (the memory record is in the report)",
+                    style="bold red")  # fmt: skip
     return text
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from torchwatch.hook.wire import CATEGORIES
 from torchwatch.model.observation import ProcessRow, StackRow
+from torchwatch.wire import CATEGORIES
 
 SORT_KEYS = ("cpu", "rss", "read", "pid")
 

@@ -463,6 +463,7 @@ class MemoryPanel(VerticalScroll):
     def compose(self) -> ComposeResult:
         """Host numbers and trend, device numbers and trend."""
         yield Static(id="memory-host")
+        yield Static(id="memory-limit")
         yield Trend("RSS", unit="bytes", id="memory-rss")
         yield Static(id="memory-device")
         yield Trend("device", unit="bytes", id="memory-dev")
@@ -474,6 +475,7 @@ class MemoryPanel(VerticalScroll):
             return
         memory = obs.memory
         show_text(self.query_one("#memory-host", Static), render.memory_text(memory))
+        show_text(self.query_one("#memory-limit", Static), render.memory_limit_text(memory))
         self.query_one("#memory-rss", Trend).data = memory.rss_series
         device = render.device_memory_text(memory, obs.focus.device_memory)
         show_text(self.query_one("#memory-device", Static), device)

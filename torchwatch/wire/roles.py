@@ -1,6 +1,6 @@
 """Which Python processes of a training's tree are not the training: launchers and helpers.
 
-Standard library only. One list, read on both sides: the hook's :func:`torchwatch.hook.should_install`
+One list, read on both sides: the hook's :func:`torchwatch.hook.should_install`
 matches it against its own command line (so the hook stays out of these processes), and
 :func:`torchwatch.sources.proc.assign_roles` against every command line of the watched tree (so
 torchwatch never diagnoses them as the training).
@@ -9,6 +9,15 @@ torchwatch never diagnoses them as the training).
 from __future__ import annotations
 
 import os
+
+__all__ = [
+    "HELPER_MODULE_PREFIXES",
+    "HELPER_SCRIPT_DIRS",
+    "LAUNCHER_MODULES",
+    "LAUNCHER_SCRIPTS",
+    "MP_HELPER_MARKERS",
+    "SPAWN_MARKERS",
+]
 
 LAUNCHER_MODULES = (
     "torch.distributed.run",

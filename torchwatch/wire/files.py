@@ -1,17 +1,9 @@
-"""Where the hook publishes, and how its files are made, read and removed safely. Standard library only.
+"""Where the hook publishes, and how the channel's files are made, read and removed safely.
 
-Both sides use this module: the hook (inside the training process) writes, torchwatch reads,
-often as root and always in a directory the training's user controls. Layout::
-
-    <base>/                      $TORCHWATCH_DIR, else $TMPDIR/torchwatch-<uid> (/tmp without TMPDIR)
-        <pid>-<start>-<pidns>/   one per hooked process instance (wire.Instance), mode 0700
-            hook.json            the announcement and slow-changing facts (wire.HookRecord), 0600
-            counters             fixed binary layout updated in place through mmap (wire.HEADER), 0600
-            request.json         a burst request, written by torchwatch before its signal, 0644
-
-No network port is opened in the training process. torchwatch reads ``TORCHWATCH_DIR`` and
-``TMPDIR`` from the target's ``/proc/PID/environ``, so ``attach`` finds a hook the user
-installed themselves.
+The hook (inside the training process) writes, torchwatch reads, often as root and always in a
+directory the training's user controls. No network port is opened in the training process.
+torchwatch reads ``TORCHWATCH_DIR`` and ``TMPDIR`` from the target's ``/proc/PID/environ``, so
+``attach`` finds a hook the user installed themselves.
 
 Rules both sides keep (the files sit where another user, or the training's own user, may
 have planted anything):
@@ -34,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import mmap
 import os
 import secrets
 import stat
@@ -42,41 +33,40 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchwatch.hook import wire
-from torchwatch.hook.wire import (
-    COUNTERS_FILE,
-    COUNTERS_SIZE,
-    ENTRY,
-    HEADER,
-    REQUEST_FILE,
-    RING,
-    SCHEMA,
-    SEQ,
-    SEQ_OFFSET,
-    STATE_FILE,
-    CounterSnapshot,
-    Instance,
-)
+from torchwatch.wire.base import WireError, clean_text
+from torchwatch.wire.identity import Instance, alive_here, proc_is_own_namespace
 
 __all__ = [
     "COUNTERS_FILE",
+    "KNOWN_FILES",
     "REQUEST_FILE",
-    "RING",
-    "SCHEMA",
+    "REQUEST_MAX_BYTES",
     "STATE_FILE",
-    "CounterSnapshot",
-    "Counters",
+    "STATE_MAX_BYTES",
+    "TEMP_PREFIX",
     "Unsafe",
     "base_dir",
+    "encode_json",
     "open_checked",
     "open_dir",
     "prepare_dir",
-    "read_counters",
+    "private_subdir",
+    "read_capped",
     "read_json",
     "remove_hook_dir",
     "remove_stale",
     "write_atomic",
 ]
+
+
+STATE_FILE = "hook.json"
+COUNTERS_FILE = "counters"
+REQUEST_FILE = "request.json"
+KNOWN_FILES = (STATE_FILE, COUNTERS_FILE, REQUEST_FILE)
+TEMP_PREFIX = ".tw-"  # temp files the hook or torchwatch create before a rename (see write_atomic)
+
+STATE_MAX_BYTES = 1 << 20  # a real hook.json is 2-20 KB (a burst summary lists at most 10 ops and kernels)
+REQUEST_MAX_BYTES = 4096  # a request is eight numbers and a short name
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_PATH = getattr(os, "O_PATH", 0)
@@ -287,7 +277,7 @@ def read_json(dir_fd: int, name: str, owners: Collection[int], cap: int) -> Any:
     """The JSON value in file ``name`` (checked as :func:`open_checked`; at most ``cap`` bytes).
 
     Raises:
-        Unsafe / OSError: as :func:`open_checked`. wire.WireError: not UTF-8 JSON, or nested
+        Unsafe / OSError: as :func:`open_checked`. WireError: not UTF-8 JSON, or nested
             deeper than the parser allows.
     """
     with open_checked(dir_fd, name, owners, cap) as fd:
@@ -295,9 +285,9 @@ def read_json(dir_fd: int, name: str, owners: Collection[int], cap: int) -> Any:
     try:
         return json.loads(raw)
     except RecursionError:
-        raise wire.WireError(f"{name}: nested too deeply") from None
+        raise WireError(f"{name}: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise wire.WireError(f"{name}: not JSON ({wire.clean_text(str(exc), 80)})") from None
+        raise WireError(f"{name}: not JSON ({clean_text(str(exc), 80)})") from None
 
 
 def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
@@ -307,7 +297,7 @@ def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None
     Raises:
         OSError: the directory is not writable.
     """
-    tmp = f"{wire.TEMP_PREFIX}{name}.{secrets.token_hex(6)}"
+    tmp = f"{TEMP_PREFIX}{name}.{secrets.token_hex(6)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         try:
@@ -329,230 +319,8 @@ def encode_json(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
-# -- counters ---------------------------------------------------------------------------------
-# bound once: the hot path (every step and batch) pays no lookups for them
-_pack_seq = SEQ.pack_into
-_pack_dynamic = wire.DYNAMIC.pack_into
-_pack_entry = ENTRY.pack_into
-_DYNAMIC_OFFSET = wire.DYNAMIC_OFFSET
-_ENTRIES_AT = HEADER.size
-_ENTRY_SIZE = ENTRY.size
-
-
-class Counters:
-    """The writer's side of the ``counters`` file: a seqlock-protected header and a step ring.
-
-    Not thread-safe: one thread writes at a time (the hook's step, backward and collective
-    wrappers count the main thread's calls only).
-
-    The file is made under a temp name, sized, mapped and only then renamed to ``counters``:
-    no file anyone has mapped is ever truncated (a truncated mapping kills its reader or
-    writer with SIGBUS). Writes go straight to the shared ``mmap``; the sequence number is odd
-    while a write is in progress, so a reader retries instead of using a torn copy.
-
-    Args:
-        dir_fd: the hook's own directory. instance: this process.
-
-    Raises:
-        OSError: the file cannot be created or mapped.
-    """
-
-    SIZE = COUNTERS_SIZE
-
-    def __init__(self, dir_fd: int, instance: Instance) -> None:
-        tmp = f"{wire.TEMP_PREFIX}{COUNTERS_FILE}.{secrets.token_hex(6)}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-        try:
-            os.fchmod(fd, 0o600)
-            os.ftruncate(fd, self.SIZE)  # a new, empty file of ours: nobody else maps it
-            self._mm = mmap.mmap(fd, self.SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-        finally:
-            os.close(fd)
-        self.instance = instance
-        wire.IDENTITY.pack_into(
-            self._mm, 0, wire.COUNTERS_MAGIC, wire.COUNTERS_VERSION, instance.pid, instance.start, instance.pidns
-        )
-        self.seq = 0
-        self.steps = 0
-        self.batches = 0
-        self.written = 0
-        self.last_step_t = 0.0
-        self.first_step_t = 0.0
-        self.data_wait_s = 0.0
-        self.step_time_s = 0.0
-        self.in_next_since = 0.0
-        self.last_batch_t = 0.0
-        self.step_source = 0  # index in wire.STEP_SOURCES
-        self.backward_calls = 0
-        self.collective_calls = 0
-        self.backward_s = 0.0
-        self.backward_blocked_s = 0.0
-        self.collective_s = 0.0
-        self.in_backward_since = 0.0
-        self.in_collective_since = 0.0
-        self._flush()
-        try:
-            os.rename(tmp, COUNTERS_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            self.close()
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
-            raise
-
-    def _flush(self) -> None:
-        # seqlock: odd while the fields change, even again only after they are all written
-        mm = self._mm
-        seq = self.seq + 1
-        _pack_seq(mm, SEQ_OFFSET, seq)
-        _pack_dynamic(
-            mm,
-            _DYNAMIC_OFFSET,
-            self.steps,
-            self.batches,
-            RING,
-            self.written,
-            self.last_step_t,
-            self.data_wait_s,
-            self.step_time_s,
-            self.in_next_since,
-            self.last_batch_t,
-            self.first_step_t,
-            self.step_source,
-            self.backward_calls,
-            self.collective_calls,
-            self.backward_s,
-            self.backward_blocked_s,
-            self.collective_s,
-            self.in_backward_since,
-            self.in_collective_since,
-        )
-        self.seq = seq = seq + 1
-        _pack_seq(mm, SEQ_OFFSET, seq)
-
-    def step(
-        self,
-        end: float,
-        duration: float | None,
-        wait: float,
-        backward: float = 0.0,
-        blocked: float = 0.0,
-        collective: float = 0.0,
-    ) -> None:
-        """Record a step that ended at ``end`` (monotonic s), lasted ``duration`` s (``None`` for
-        the first step, whose start is unknown) and spent ``wait`` s in DataLoader ``__next__``,
-        ``backward`` s in backward passes (``blocked`` of it without CPU) and ``collective`` s in
-        explicit collectives (see :class:`wire.RankStep`)."""
-        self.steps += 1
-        if duration is not None:
-            self.step_time_s += duration
-            _pack_entry(
-                self._mm,
-                _ENTRIES_AT + (self.written % RING) * _ENTRY_SIZE,
-                end,
-                duration,
-                wait,
-                backward,
-                blocked,
-                collective,
-            )
-            self.written += 1
-        else:
-            self.first_step_t = end
-        self.last_step_t = end
-        self._flush()
-
-    def set_step_source(self, source: str) -> None:
-        """Where step boundaries come from from now on (one of :data:`wire.STEP_SOURCES`)."""
-        self.step_source = wire.STEP_SOURCES.index(source)
-        self._flush()
-
-    def next_started(self, t: float) -> None:
-        """A DataLoader ``__next__`` began at ``t`` (so a reader sees a long stall while it lasts)."""
-        self.in_next_since = t
-        self._flush()
-
-    def next_ended(self, t: float, waited: float) -> None:
-        """A DataLoader ``__next__`` ended at ``t`` after ``waited`` s."""
-        self.batches += 1
-        self.data_wait_s += waited
-        self.in_next_since = 0.0
-        self.last_batch_t = t
-        self._flush()
-
-    def next_aborted(self) -> None:
-        """A DataLoader ``__next__`` raised (``StopIteration`` at the end of an epoch, or an
-        error): no batch, and no longer "in ``__next__``" (a pause after the epoch is not a wait)."""
-        self.in_next_since = 0.0
-        self._flush()
-
-    def backward_started(self, t: float) -> None:
-        """A backward pass began at ``t`` (monotonic s)."""
-        self.in_backward_since = t
-        self._flush()
-
-    def backward_ended(self, wall: float, blocked: float, flush: bool = True) -> None:
-        """A backward pass ended after ``wall`` s, ``blocked`` s of it without CPU; ``flush``
-        False when :meth:`step` follows at once (one write instead of two)."""
-        self.backward_calls += 1
-        self.backward_s += wall
-        self.backward_blocked_s += blocked
-        self.in_backward_since = 0.0
-        if flush:
-            self._flush()
-
-    def collective_started(self, t: float) -> None:
-        """A collective (or ``Work.wait()``) began at ``t`` (monotonic s)."""
-        self.in_collective_since = t
-        self._flush()
-
-    def collective_ended(self, waited: float) -> None:
-        """The collective ended after ``waited`` s."""
-        self.collective_calls += 1
-        self.collective_s += waited
-        self.in_collective_since = 0.0
-        self._flush()
-
-    def snapshot(self) -> CounterSnapshot | None:
-        """What a reader would see now (from the mapping, in this process)."""
-        with contextlib.suppress(wire.WireError, ValueError):
-            data = bytes(self._mm)
-            return wire.decode_counters(data, data[: HEADER.size], self.instance)
-        return None
-
-    def close(self) -> None:
-        """Unmap the file (in a forked child: drop the parent's mapping without writing to it)."""
-        with contextlib.suppress(Exception):
-            self._mm.close()
-
-
-def read_counters(
-    dir_fd: int, owners: Collection[int], expect: Instance | None = None, retries: int = 5, since: int = 0
-) -> CounterSnapshot:
-    """Read ``counters`` in ``dir_fd`` consistently (checked as :func:`open_checked`); ``since``:
-    decode only the step entries after that ``written`` count (see :func:`wire.decode_counters`).
-
-    Raises:
-        Unsafe / OSError: as :func:`open_checked`. wire.WireError: not a counters file of
-            ``expect``, or still being written after ``retries`` reads.
-    """
-    with open_checked(dir_fd, COUNTERS_FILE, owners, COUNTERS_SIZE, exact=COUNTERS_SIZE) as fd:
-        for _ in range(retries):
-            data = os.pread(fd, COUNTERS_SIZE, 0)
-            again = os.pread(fd, HEADER.size, 0)
-            try:
-                return wire.decode_counters(data, again, expect, since)
-            except wire.Busy:
-                continue
-    raise wire.Busy("counters: still being written")
-
-
-# -- removal ----------------------------------------------------------------------------------
 def _is_ours(name: str) -> bool:
-    return name in wire.KNOWN_FILES or name.startswith(wire.TEMP_PREFIX)
+    return name in KNOWN_FILES or name.startswith(TEMP_PREFIX)
 
 
 def remove_hook_dir(base_fd: int, name: str) -> bool:
@@ -591,7 +359,7 @@ def remove_stale(base_fd: int, me: Instance) -> list[str]:
     Returns:
         The names removed.
     """
-    if not wire.proc_is_own_namespace():
+    if not proc_is_own_namespace():
         return []
     removed = []
     try:
@@ -600,7 +368,7 @@ def remove_stale(base_fd: int, me: Instance) -> list[str]:
         return []
     for name in names:
         inst = Instance.from_dir_name(name)
-        if inst is None or inst.pidns != me.pidns or inst == me or wire.alive_here(inst):
+        if inst is None or inst.pidns != me.pidns or inst == me or alive_here(inst):
             continue
         if remove_hook_dir(base_fd, name):
             removed.append(name)

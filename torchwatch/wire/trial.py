@@ -1,205 +1,51 @@
-"""The live trial's contract: the settings a trial may change, its request and its published state,
-and the statistics that decide it. Standard library only: the hook (inside the training) and
-torchwatch (the reader) import the same table and decoder, so they agree by construction.
+"""The live trial's contract: its request (``request.json`` with ``"kind": "trial"``), its
+published state (``hook.json``'s ``"trial"``) and the statistics that decide it. The settings a
+trial may change are :mod:`~torchwatch.wire.settings`; the trial itself runs in the hook
+(:mod:`torchwatch.hook.trial`).
 
 A trial switches one setting of a running training on for a block of steps, off for the next,
 in the order on, off, off, on, on, off, off, on ... (ABBA: a linear drift of the step time, a
 warming cache or a slowly filling disk, cancels within each group of four), drops the first
 steps after each switch, and compares the blocks pairwise (:func:`estimate`). Settings that only
 take effect when a DataLoader iterator is made alternate whole epochs instead
-(:data:`ITERATOR`), with no step dropped: an iterator's start (its workers) is part of what
-the setting costs, as it is in two separate runs.
-
-What each setting may change in what the training computes is its ``numerics`` class:
-
-- ``exact``: nothing (the garbage collector's schedule; where DataLoader batches are made and
-  how far ahead; pinned host memory). The same seed gives the same loss, bit for bit.
-- ``rounding``: the same arithmetic in another order (intra-op threads split reductions
-  differently; cuDNN's benchmark mode picks another algorithm): results may differ in their last
-  bits, as between two runs with different thread counts. Allowed without a flag.
-- ``precision``: less precise arithmetic (TF32 rounds matmul inputs to a 10-bit mantissa;
-  ``medium`` matmul precision to bfloat16). Tried only with ``allow_numerics``.
+(:data:`~torchwatch.wire.settings.ITERATOR`), with no step dropped: an iterator's start (its
+workers) is part of what the setting costs, as it is in two separate runs.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.hook.wire import TEXT, WireError, _Obj, clean_text
+from torchwatch.wire.base import TEXT, WireError, _Obj
+from torchwatch.wire.settings import ITERATOR, NUMERICS, STEPS, VALUE_TEXT
 
 __all__ = [
-    "ITERATOR",
-    "NUMERICS",
-    "SETTINGS",
-    "STEPS",
+    "MAX_BLOCKS",
+    "RATIO_LIMIT",
     "TRIAL_KIND",
     "TRIAL_STATES",
     "TRIAL_STOP_KIND",
+    "TRIM",
+    "TRIM_FROM",
     "Estimate",
-    "Setting",
     "TrialBlock",
     "TrialRequest",
     "TrialState",
     "estimate",
     "is_on",
-    "parse_assignment",
+    "request_kind",
+    "t975",
+    "trimmed_interval",
 ]
+
 
 TRIAL_KIND = "trial"  # request.json's "kind" for a trial (a request without "kind" is a burst's)
 TRIAL_STOP_KIND = "trial-stop"  # ... to end the running trial now (torchwatch was stopped)
-STEPS = "steps"  # the setting takes effect at a step boundary: blocks of steps
-ITERATOR = "iterator"  # ... when a DataLoader iterator is made: blocks of whole epochs
-NUMERICS = ("exact", "rounding", "precision")
 TRIAL_STATES = ("waiting", "running", "done", "refused", "stopped", "failed")
 MAX_BLOCKS = 64
-VALUE_TEXT = 64
-_INT = re.compile(r"^[0-9]{1,7}$")
-_TRUE = ("1", "true", "on", "yes")
-_FALSE = ("0", "false", "off", "no")
-
-
-def _positive_int(text: str, hi: int) -> int:
-    if not _INT.match(text) or not 1 <= int(text) <= hi:
-        raise ValueError(f"expected a whole number from 1 to {hi}")
-    return int(text)
-
-
-def _count(text: str, hi: int) -> int:
-    if not _INT.match(text) or int(text) > hi:
-        raise ValueError(f"expected a whole number from 0 to {hi}")
-    return int(text)
-
-
-def _flag(text: str) -> bool:
-    low = text.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError("expected true or false (1/0, on/off)")
-
-
-def _threshold(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",")]
-    if not 1 <= len(parts) <= 3:
-        raise ValueError("expected 1 to 3 numbers: gen0[,gen1[,gen2]]")
-    return tuple(_count(p, 10_000_000) for p in parts)
-
-
-def _precision(text: str) -> str:
-    if text not in ("highest", "high", "medium"):
-        raise ValueError("expected highest, high or medium")
-    return text
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting a trial may change.
-
-    Attributes:
-        name: its name on the command line (``threads=2``).
-        aliases: other names accepted for it.
-        mode: :data:`STEPS` or :data:`ITERATOR` (when the change takes effect).
-        numerics: one of :data:`NUMERICS` (module docstring).
-        what: what it changes in the training, in the user's words (the API it calls).
-        refused: when not ``None``, why it is never tried live (the value is still parsed).
-    """
-
-    name: str
-    aliases: tuple[str, ...]
-    mode: str
-    numerics: str
-    what: str
-    refused: str | None = None
-
-    def parse(self, text: str) -> Any:
-        """The value of ``text`` for this setting (an int, bool, tuple of ints or str).
-
-        Raises:
-            ValueError: not a value of this setting (the message says what is expected).
-        """
-        text = text.strip()
-        if self.name in ("threads", "interop_threads"):
-            return _positive_int(text, 4096)
-        if self.name == "num_workers":
-            return _count(text, 256)
-        if self.name == "prefetch_factor":
-            return _positive_int(text, 64)
-        if self.name == "gc_threshold":
-            return _threshold(text)
-        if self.name == "matmul_precision":
-            return _precision(text)
-        return _flag(text)
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting("threads", ("num_threads", "torch.set_num_threads", "intra_op_threads"), STEPS, "rounding",
-            "torch.set_num_threads(N): the intra-op threads of every op"),
-    Setting("interop_threads", ("torch.set_num_interop_threads",), STEPS, "rounding",
-            "torch.set_num_interop_threads(N)",
-            refused="torch sets the inter-op pool once per process (a second call raises): it could not be put "
-            "back, so it is not tried live; set it at the start of the training"),
-    Setting("gc_freeze", ("gc.freeze",), STEPS, "exact",
-            "gc.freeze(): the objects alive now leave the collector's generations (gc.unfreeze() puts them back)"),
-    Setting("gc_threshold", ("gc.set_threshold",), STEPS, "exact",
-            "gc.set_threshold(gen0[, gen1[, gen2]]): how often the collector runs"),
-    Setting("cudnn_benchmark", ("cudnn.benchmark", "torch.backends.cudnn.benchmark"), STEPS, "rounding",
-            "torch.backends.cudnn.benchmark: cuDNN times its algorithms for each new shape and keeps the fastest"),
-    Setting("tf32", ("allow_tf32",), STEPS, "precision",
-            "torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32"),
-    Setting("matmul_precision", ("torch.set_float32_matmul_precision", "float32_matmul_precision"), STEPS,
-            "precision", "torch.set_float32_matmul_precision(highest|high|medium)"),
-    Setting("num_workers", (), ITERATOR, "exact",
-            "the DataLoader's num_workers, for the iterators the trial makes"),
-    Setting("pin_memory", (), ITERATOR, "exact", "the DataLoader's pin_memory, for the iterators the trial makes"),
-    Setting("prefetch_factor", (), ITERATOR, "exact",
-            "the DataLoader's prefetch_factor (batches each worker loads ahead), for the iterators the trial makes"),
-    Setting("persistent_workers", (), ITERATOR, "exact", "the DataLoader's persistent_workers",
-            refused="a persistent iterator lives in the DataLoader across epochs, with its workers: switching it "
-            "on and off would keep or shut down workers the training owns; set it in the DataLoader and "
-            "compare two runs (torchwatch compare)"),
-)  # fmt: skip
-
-_BY_NAME = {n: s for s in SETTINGS for n in (s.name, *s.aliases)}
-
-
-def find_setting(name: str) -> Setting | None:
-    """The setting called ``name`` (its name or an alias), or ``None``."""
-    return _BY_NAME.get(name.strip())
-
-
-def parse_assignment(text: str) -> tuple[Setting, Any, str]:
-    """``SETTING=VALUE`` as ``(setting, value, value text)``.
-
-    Raises:
-        ValueError: no ``=``, an unknown setting, or a value it does not take (the message lists
-            the settings, or says what value is expected).
-    """
-    name, sep, value = text.partition("=")
-    if not sep or not value.strip():
-        raise ValueError(f"{clean_text(text, 40)!r} is not SETTING=VALUE")
-    setting = find_setting(name)
-    if setting is None:
-        names = ", ".join(s.name for s in SETTINGS)
-        raise ValueError(f"unknown setting {clean_text(name, 40)!r}: one of {names}")
-    try:
-        parsed = setting.parse(value)
-    except ValueError as exc:
-        raise ValueError(f"{setting.name}={clean_text(value, 20)}: {exc}") from None
-    return setting, parsed, show_value(parsed)
-
-
-def show_value(value: object) -> str:
-    """A setting's value as the command line writes it (``true``, ``4``, ``700,10,10``)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple):
-        return ",".join(str(v) for v in value)
-    return clean_text(str(value), VALUE_TEXT)
 
 
 def is_on(block: int) -> bool:

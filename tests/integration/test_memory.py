@@ -1,0 +1,202 @@
+"""Memory: the forecast before a cgroup's OOM kill, the kill recorded with the worker named, and no
+finding for a dataset that is not copied (truth by construction: tests/scenarios/memory/memory_cow.py).
+
+Needs root and a writable cgroup memory controller (v1 ``/sys/fs/cgroup/memory`` or v2): the
+training runs in a cgroup of its own whose limit is set once its workers run. The acceptance
+figures (forecast lead >= 60 s, predicted time within 25 %, a flat 10-minute run with no forecast)
+are printed by ``bench/memory_forecast.py``; this test keeps the same construction shorter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from torchwatch.sources import memory as memsrc
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIO = REPO / "tests" / "scenarios" / "memory" / "memory_cow.py"
+V1 = Path("/sys/fs/cgroup/memory")
+
+pytestmark = pytest.mark.integration
+
+
+class Cgroup:
+    """A cgroup v1 memory group of the test's own, removed at the end with what runs in it."""
+
+    def __init__(self) -> None:
+        self.path = V1 / f"torchwatch-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path.mkdir()
+
+    def usage(self) -> int:
+        return int((self.path / "memory.usage_in_bytes").read_text())
+
+    def limit(self, nbytes: int) -> None:
+        (self.path / "memory.limit_in_bytes").write_text(str(nbytes))
+
+    def close(self) -> None:
+        for _ in range(50):
+            pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _usable() -> str:
+    if os.geteuid() != 0:
+        return "needs root (a cgroup of its own, and the kernel log)"
+    if not (V1 / "cgroup.procs").exists() or not os.access(V1, os.W_OK):
+        return "needs a writable cgroup v1 memory controller at /sys/fs/cgroup/memory"
+    return ""
+
+
+@pytest.fixture
+def cgroups():
+    made: list[Cgroup] = []
+
+    def make() -> Cgroup:
+        made.append(Cgroup())
+        return made[-1]
+
+    yield make
+    for cg in made:
+        cg.close()
+
+
+def _watch(
+    cg: Cgroup, tmp: Path, name: str, dataset: str, seconds: float, mib: int
+) -> tuple[subprocess.Popen[str], Path, Path]:
+    ready, report, trace = tmp / f"{name}.ready", tmp / f"{name}.json", tmp / f"{name}.trace"
+    inner = (
+        f"echo $$ > {cg.path}/cgroup.procs && exec {sys.executable} {SCENARIO} --dataset {dataset} --mib {mib} "
+        f"--rate-mib-s 3 --workers 1 --worker-cache-mib 256 --seconds {seconds} --ready-file {ready}"
+    )
+    cmd = [
+        sys.executable, "-m", "torchwatch", "run", "--headless", "--duration", str(int(seconds) + 60),
+        "--json", str(report), "--trace", str(trace), "--", "sh", "-c", inner,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, ready, trace
+
+
+def _wait_file(path: Path, procs: list[subprocess.Popen[str]], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > end or any(p.poll() is not None for p in procs):
+            raise AssertionError(f"{path.name} never appeared")
+        time.sleep(0.2)
+
+
+def _trace(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_workers_copying_the_dataset_are_forecast_before_the_kill_and_an_array_dataset_is_not(cgroups, tmp_path):
+    why = _usable()
+    if why:
+        pytest.skip(why)
+    grow, flat = cgroups(), cgroups()
+    procs = []
+    try:
+        p_obj, ready_obj, trace_obj = _watch(grow, tmp_path, "objects", "objects", 400, 600)
+        procs.append(p_obj)
+        p_np, ready_np, trace_np = _watch(flat, tmp_path, "numpy", "numpy", 110, 150)
+        procs.append(p_np)
+        _wait_file(ready_obj, procs, 120)
+        _wait_file(ready_np, procs, 120)
+        # one worker copying ~3.3 MiB/s: the limit is reached ~110 s after it starts (its epoch of
+        # 600 MiB lasts longer); its own 256 MiB make it, not the main process, the largest
+        grow.limit(grow.usage() + int(110 * 3.3 * (1 << 20)))
+        flat.limit(flat.usage() + (2 << 30))
+        _out_obj, err_obj = p_obj.communicate(timeout=400)
+        _out_np, err_np = p_np.communicate(timeout=300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    report = json.loads((tmp_path / "objects.json").read_text())
+    records = report["memory"]["records"]
+    assert records, err_obj[-2000:]
+    kill = records[0]
+    assert kill["kind"] == "host" and kill["role"] == "worker", kill
+    assert "Killed process" in kill["how"] or "oom_kill" in kill["how"]
+    assert kill["processes"] and any(p["role"] == "worker" for p in kill["processes"])
+    text = (tmp_path / "objects.memory.txt").read_text()
+    assert f"worker {kill['pid']}" in text and "killed by the kernel's OOM killer" in text
+    # the forecast was shown, and before the kill
+    lines = _trace(trace_obj)
+    shown = [line["t"] for line in lines if line["features"].get("mem_forecast_s") is not None]
+    assert shown, "no forecast before the kill"
+    assert kill["at_s"] - shown[0] >= 15, (shown[0], kill["at_s"])
+    assert any("loader-worker-memory-growth" in line["findings"] for line in lines)
+    # the array dataset: no growth finding, no forecast, no record
+    flat_lines = _trace(trace_np)
+    assert len(flat_lines) > 30, err_np[-2000:]
+    for line in flat_lines:
+        assert line["features"].get("mem_forecast_s") is None, line["t"]
+        assert "loader-worker-memory-growth" not in line["findings"] and "memory-growth" not in line["findings"]
+    assert json.loads((tmp_path / "numpy.json").read_text())["memory"]["records"] == []
+
+
+def test_the_limit_of_a_cgroup_is_read_with_its_working_set(cgroups):
+    why = _usable()
+    if why:
+        pytest.skip(why)
+    cg = cgroups()
+    cg.limit(512 << 20)
+    child = subprocess.Popen(["sh", "-c", f"echo $$ > {cg.path}/cgroup.procs && exec sleep 30"], start_new_session=True)
+    try:
+        for _ in range(50):
+            if str(child.pid) in (cg.path / "cgroup.procs").read_text().split():
+                break
+            time.sleep(0.05)
+        lim = memsrc.read_limit(child.pid)
+        assert lim is not None and lim.limit == 512 << 20, lim
+        assert str(cg.path) in lim.source and lim.oom_kills == 0
+        assert 0 <= lim.used <= cg.usage()
+    finally:
+        child.kill()
+        child.wait()
+
+
+SIMULATED = REPO / "tests" / "scenarios" / "memory" / "cuda_oom_simulated.py"
+
+
+@pytest.mark.parametrize("observer", [True, False], ids=["observer", "at-exit"])
+def test_simulated_a_cuda_out_of_memory_error_is_recorded_through_the_hook(tmp_path, observer):
+    """SIMULATED (no GPU here): a fake CUDA surface on a CPU torch (tests/scenarios/memory/cuda_oom_simulated.py);
+    the real error on a device is bench/gpu_oom.py's. The error is the training's own, uncaught,
+    and the record comes through the hook's files to the report and <stem>.memory.txt."""
+    report = tmp_path / "oom.json"
+    cmd = [sys.executable, "-m", "torchwatch", "run", "--headless", "--duration", "60", "--json", str(report),
+           "--", sys.executable, str(SIMULATED), "--steps", "30", *([] if observer else ["--no-observer"])]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the training's exit status: it died of the error
+    assert "torch.OutOfMemoryError: CUDA out of memory" in proc.stderr  # unchanged, uncaught
+    data = json.loads(report.read_text())
+    (rec,) = [r for r in data["memory"]["records"] if r["kind"] == "cuda"]
+    cuda = rec["cuda"]
+    assert cuda["requested_bytes"] == 16 << 30 and rec["role"] == "main"
+    assert rec["stack"][-1].endswith(" allocate"), rec["stack"]  # the line that asked for the memory
+    if observer:
+        assert cuda["device_total_bytes"] == 80 << 30 and cuda["segments"] == 1 and "snapshot_ms" in cuda
+    else:
+        assert "snapshot_ms" not in cuda  # read at exit: no snapshot
+    text = (tmp_path / "oom.memory.txt").read_text()
+    assert "CUDA out of memory" in text and "cuda_oom_simulated.py:" in text
+    assert "OUT OF MEMORY: main" in proc.stdout
