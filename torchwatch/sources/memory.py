@@ -41,8 +41,8 @@ __all__ = ["MemorySource", "read_kmsg", "read_limit", "read_smaps_rollup"]
 SMAPS_EVERY = 5
 """Rounds between two ``smaps_rollup`` reads of each process (5 s at 1 Hz): the forecast buckets
 are 5 s (:data:`torchwatch.model.forecast.BUCKET_S`)."""
-SMAPS_BUDGET = 0.0015
-"""Most of one core the ``smaps_rollup`` reads may take (0.15 %): a tree of large processes is read
+SMAPS_BUDGET = 0.001
+"""Most of one core the ``smaps_rollup`` reads may take (0.1 %): a tree of large processes is read
 less often (the walk of the page tables costs ~1.6 ms of CPU per 100 MB resident: 22 ms for a
 process of 1.4 GiB, measured here; a tree of three such processes is read about every 45 s), so the
 readings stay within 0.2 % of a core whatever the training's size."""
