@@ -303,7 +303,7 @@ class TwoNodes:
         left = []
         deadline = time.monotonic() + 15
         for inode in self.pidns:  # PID 1 gone: the kernel kills the rest of its namespace
-            while (rest := _processes_in("pid", inode)) and time.monotonic() < deadline:
+            while (rest := _running(_processes_in("pid", inode))) and time.monotonic() < deadline:
                 time.sleep(0.2)
             left += [f"PID {p.pid} in a node's PID namespace" for p in rest]
         for ns in self.made_netns:
@@ -320,6 +320,23 @@ class TwoNodes:
             left.append(f"veth {self.tag}a")
             subprocess.run(["ip", "link", "del", f"{self.tag}a"], capture_output=True, timeout=30)
         return left
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """``procs`` less the zombies, which are reaped when they are this process's children: the
+    suite makes its process the subreaper of everything below it (tests/conftest.py), so a node's
+    processes, killed by the kernel with their namespace's PID 1, come back here to be reaped."""
+    out = []
+    for p in procs:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(p.pid, os.WNOHANG)
+                continue
+        except psutil.Error:
+            continue
+        out.append(p)
+    return out
 
 
 def _child(pid: int) -> int | None:
