@@ -17,7 +17,7 @@ from torchwatch.model.report import (
     json_rounded,
 )
 from torchwatch.model.text import escape
-from torchwatch.model.units import human_bytes, human_duration
+from torchwatch.model.units import fmt_bytes, fmt_mib_rate, human_duration
 
 __all__ = [
     "forecast_line",
@@ -35,14 +35,6 @@ _MIB = float(1 << 20)
 def memory_path(report: Path) -> Path:
     """``<report stem>.memory.txt`` beside ``report``."""
     return report.with_name(f"{report.stem}.memory.txt")
-
-
-def _b(v: float | None) -> str:
-    return "?" if v is None else human_bytes(v)
-
-
-def _mib_s(v: float) -> str:
-    return f"{v / _MIB:+.1f} MiB/s"
 
 
 def forecast_report(f: MemoryForecastView) -> MemoryForecastReport:
@@ -111,8 +103,8 @@ def forecast_line(f: MemoryForecastReport) -> str:
     what = "host memory" if f.what == "host" else "device memory"
     latest = human_duration(f.latest_s) if f.latest_s is not None else "later"
     return (
-        f"{what} reaches its limit ({_b(f.limit_bytes)}) in ~{human_duration(f.seconds)} "
-        f"(95%: {human_duration(f.soonest_s)} - {latest}), {_mib_s(f.bytes_per_s)} over {f.window_s:.0f} s"
+        f"{what} reaches its limit ({fmt_bytes(f.limit_bytes)}) in ~{human_duration(f.seconds)} "
+        f"(95%: {human_duration(f.soonest_s)} - {latest}), {fmt_mib_rate(f.bytes_per_s)} over {f.window_s:.0f} s"
     )
 
 
@@ -126,25 +118,26 @@ def record_lines(r: MemoryRecordReport) -> list[str]:
     lines = [f"{r.role} {r.pid} ({escape(r.name) or '?'}): {_kind(r.kind)}, {r.at_s:.0f} s after watching started"]
     lines.append(f"  how: {escape(r.how)}")
     if r.limit_bytes is not None and r.kind == "host":
-        lines.append(f"  limit: {_b(r.limit_bytes)} ({escape(r.limit_source or '?')})")
+        lines.append(f"  limit: {fmt_bytes(r.limit_bytes)} ({escape(r.limit_source or '?')})")
     if r.forecast is not None:
         lines.append(f"  forecast shown before: {forecast_line(r.forecast)}")
     c = r.cuda
     if c is not None:
         lines.append(
-            f"  the allocation that failed: {_b(c.requested_bytes)} on cuda:{c.device}; CUDA said "
-            f"{_b(c.device_free_bytes)} free of {_b(c.device_total_bytes)}"
+            f"  the allocation that failed: {fmt_bytes(c.requested_bytes)} on cuda:{c.device}; CUDA said "
+            f"{fmt_bytes(c.device_free_bytes)} free of {fmt_bytes(c.device_total_bytes)}"
         )
         lines.append(
-            f"  allocator: {_b(c.allocated_bytes)} allocated, {_b(c.reserved_bytes)} reserved, peak "
-            f"{_b(c.peak_bytes)}; {_b(c.inactive_split_bytes)} free inside split segments (fragmentation); "
+            f"  allocator: {fmt_bytes(c.allocated_bytes)} allocated, {fmt_bytes(c.reserved_bytes)} reserved, peak "
+            f"{fmt_bytes(c.peak_bytes)}; {fmt_bytes(c.inactive_split_bytes)} free inside split segments "
+            "(fragmentation); "
             f"{c.alloc_retries} allocation retries, {c.ooms} out-of-memory errors"
         )
         if c.segments is not None:
-            blocks = ", ".join(_b(b) for b in c.largest_active) or "none"
+            blocks = ", ".join(fmt_bytes(b) for b in c.largest_active) or "none"
             lines.append(
                 f"  snapshot (taken at the error in {c.snapshot_ms} ms): {c.segments} segments, largest free block "
-                f"{_b(c.largest_free_bytes)}; largest blocks in use: {blocks}"
+                f"{fmt_bytes(c.largest_free_bytes)}; largest blocks in use: {blocks}"
             )
         if c.step is not None:
             lines.append(f"  after {c.step} optimizer steps (out-of-memory error {c.count} of this process)")
@@ -169,7 +162,9 @@ def memory_lines(m: MemoryReport | None) -> list[str]:
         return []
     out = []
     if m.limit_bytes is not None:
-        out.append(f"memory: {_b(m.used_bytes)} of {_b(m.limit_bytes)} in use ({escape(m.limit_source or '?')})")
+        out.append(
+            f"memory: {fmt_bytes(m.used_bytes)} of {fmt_bytes(m.limit_bytes)} in use ({escape(m.limit_source or '?')})"
+        )
     out.extend(f"  {forecast_line(f)}" + (f"; fastest: {escape(f.grower)}" if f.grower else "") for f in m.forecasts)
     for r in m.records:
         out.append(f"  OUT OF MEMORY: {r.role} {r.pid} ({escape(r.name) or '?'}): {_kind(r.kind)} at {r.at_s:.0f} s")

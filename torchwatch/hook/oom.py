@@ -33,14 +33,11 @@ from types import FrameType
 from typing import Any
 
 from torchwatch import wire
+from torchwatch.hook.gpu import _count
 
 SNAPSHOT_MAX_SEGMENTS = 100_000
 """Segments summarised at most (a long training with changing shapes holds thousands; the
 summary is one pass over them)."""
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _stat(stats: Any, key: str) -> int | None:

@@ -60,6 +60,11 @@ def fmt_mib_per_s(bytes_per_s: float | None) -> str:
     return NA if bytes_per_s is None else f"{bytes_per_s / MIB:.1f}"
 
 
+def fmt_mib_rate(bytes_per_s: float) -> str:
+    """A signed rate with its unit, for a growth: ``+3.1 MiB/s``, ``-2.9 MiB/s``."""
+    return f"{bytes_per_s / MIB:+.1f} MiB/s"
+
+
 def fmt_pct(pct: float | None, digits: int = 0) -> str:
     """A percentage already in % units: ``35%`` or ``n/a``."""
     return NA if pct is None else f"{pct:.{digits}f}%"

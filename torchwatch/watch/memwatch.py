@@ -36,6 +36,7 @@ from torchwatch.model.memory import (
     ProcSeries,
 )
 from torchwatch.model.readings import HookState, ProcessSample, Role, StackSample
+from torchwatch.model.units import fmt_mib_rate
 from torchwatch.sources.hook import HookReader
 from torchwatch.wire import HookRecord, OomRecord
 
@@ -62,10 +63,6 @@ class _Proc:
     last: ProcMemory | None = None
     ended: bool = False
     gone_t: float | None = None
-
-
-def _mib_s(v: float) -> str:
-    return f"{v / _MIB:+.1f} MiB/s"
 
 
 class MemoryWatch:
@@ -235,7 +232,7 @@ class MemoryWatch:
         vanished = [
             (pid, p) for pid, p in self._procs.items()
             if p.ended and p.gone_t is not None and abs(p.gone_t - rise) <= KILL_MATCH_S
-            and not any(key[1] == pid and key[0] == "host" for key in self._recorded)
+            and ("host", pid, 0) not in self._recorded
         ]  # fmt: skip
         if vanished:
             vanished.sort(key=lambda kv: -(kv[1].last.rss if kv[1].last else 0))
@@ -277,8 +274,8 @@ class MemoryWatch:
         return tuple(f"{f.filename}:{f.line} {f.name}" for f in st.frames)[-16:]
 
     def _host_record(self, pid: int, proc: _Proc, how: str, store: Store, focus: int | None, t: float) -> None:
-        key = ("host", pid, int(t // 60))
-        if any(k[0] == "host" and k[1] == pid for k in self._recorded) or len(self._records) >= MAX_RECORDS:
+        key = ("host", pid, 0)  # one record a process
+        if key in self._recorded or len(self._records) >= MAX_RECORDS:
             return
         self._recorded.add(key)
         stacks = self._stack(store, pid) or (self._stack(store, focus) if focus is not None else ())
@@ -368,11 +365,13 @@ class MemoryWatch:
         if best is None or best[0] <= 0:
             return ""
         slope, pid, p = best
-        line = f"{p.role} {pid}: private {_mib_s(slope)}"
+        line = f"{p.role} {pid}: private {fmt_mib_rate(slope)}"
         last = p.last
         if last is not None and p.role == Role.WORKER.value and last.shared_start > last.shared:
             lost = (last.shared_start - last.shared) / max(1.0, last.age_s)
-            line += f", shared {_mib_s(-lost)} (copy-on-write: pages it shared with the main process turn private)"
+            line += (
+                f", shared {fmt_mib_rate(-lost)} (copy-on-write: pages it shared with the main process turn private)"
+            )
         return line
 
     def _fit_workers(self) -> None:
