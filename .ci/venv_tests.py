@@ -118,7 +118,9 @@ def check(python: Path, wheel: Path, work: Path, lowest: bool, with_torch: bool)
         v
         for v in versions
         if re.match(
-            r"(textual|rich|psutil|nvidia-ml-py|py-spy|pytest|hypothesis|jsonschema|pytest-textual-snapshot)==", v, re.I
+            r"(textual|rich|psutil|nvidia-ml-py|py-spy|pytest|pytest-xdist|hypothesis|jsonschema|pytest-textual-snapshot)==",
+            v,
+            re.I,
         )
     ]
     line = (

@@ -7,15 +7,27 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from tests import leftovers, users
+from tests import leftovers, quiet, users
 
-LEFT = pytest.StashKey[list[tuple[str, leftovers.Left]]]()
-"""What each test left running (its node id and the process), for the terminal summary."""
-ESCAPED = pytest.StashKey[list[leftovers.Left]]()
+ESCAPED = pytest.StashKey[list[str]]()
 """What was still alive at the end of the session (the session then fails)."""
+QUIET = pytest.StashKey[quiet.Lock]()
+"""This xdist worker's side of the lock that runs ``quiet`` tests alone (``tests/quiet.py``)."""
+THREADS = pytest.StashKey[dict[str, "str | None"]]()
+"""The thread-count variables as this xdist worker was started with them (see :mod:`tests.quiet`)."""
+QUIET_FIXTURES = frozenset({"dataloader_demo_runs", "cpu_bound_demo_run"})
+"""Session-scoped watched runs whose labels tests assert (tests/integration/conftest.py)."""
+QUIET_DIR = pytest.StashKey[Path]()
+"""The lock's directory, made by the xdist controller (removed at its end)."""
+
+
+def _controller(config: pytest.Config) -> bool:
+    """This process only hands tests to xdist workers (``-n N``, N > 0) and runs none itself."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
 @pytest.fixture
@@ -72,11 +84,71 @@ def default_signals_for_children() -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Every process a test starts stays below this one (it becomes their subreaper) and carries
-    this session's mark in its environment (:data:`tests.leftovers.MARK`)."""
-    config.stash[LEFT] = []
+    this session's mark in its environment (:data:`tests.leftovers.MARK`). Under xdist each
+    worker does so for itself and opens its side of the quiet lock; the controller, which runs
+    no test, only makes the lock's directory for them (``tests/quiet.py``)."""
     config.stash[ESCAPED] = []
+    if _controller(config):
+        # The workers run the tests, each marking what it starts with its own value and checking
+        # it at its end; the controller's mark would be in the workers' own environment.
+        config.stash[QUIET_DIR] = quiet.make_dir()
+        os.environ[quiet.ENV] = str(config.stash[QUIET_DIR])
+        return
     leftovers.subreaper()
     os.environ[leftovers.MARK] = leftovers.mark_value()
+    if hasattr(config, "workerinput") and os.environ.get(quiet.ENV):
+        config.stash[QUIET] = quiet.Lock(Path(os.environ[quiet.ENV]))
+        config.stash[THREADS] = {name: os.environ.get(name) for name in quiet.THREAD_VARIABLES}
+        for name in quiet.THREAD_VARIABLES:
+            os.environ.setdefault(name, "1")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Close this worker's lock files; the controller removes their directory."""
+    lock = config.stash.get(QUIET, None)
+    if lock is not None:
+        lock.close()
+    path = config.stash.get(QUIET_DIR, None)
+    if path is not None:
+        quiet.remove_dir(path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses one of :data:`QUIET_FIXTURES` is ``quiet`` too (the shared run is made in
+    the first test that asks for it). Every ``quiet`` test goes to the same xdist worker
+    (``--dist loadgroup``): they run one at a time anyway, and the session-scoped watched runs
+    they share are then made once; they come first (the sort is stable: each part keeps its
+    order)."""
+    for item in items:
+        if QUIET_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.quiet)
+        if item.get_closest_marker("quiet") is not None:
+            item.add_marker(pytest.mark.xdist_group("quiet"))
+    # The quiet tests first, as one block, while the other workers run their first (short) tests;
+    # then the others, in collection order (the long integration tests before the unit tests).
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Set-up, call and tear-down of a ``quiet`` test run while no other test runs, with the
+    thread counts the suite was started with; any other test runs beside the others, what it
+    starts with one OpenMP thread unless the suite was started with a count (``tests/quiet.py``).
+    Without xdist: as is."""
+    lock = item.config.stash.get(QUIET, None)
+    if lock is None:
+        yield
+        return
+    is_quiet = item.get_closest_marker("quiet") is not None
+    keep = is_quiet and nextitem is not None and nextitem.get_closest_marker("quiet") is not None
+    with lock.hold(is_quiet, keep), quiet.environment(item.config.stash[THREADS] if is_quiet else {}):
+        yield
+
+
+LEFT_PROPERTY = "left running by the test"
+"""The name under which a test's report carries each process it left running (its
+``user_properties``, which xdist sends from the worker to the controller that prints them)."""
 
 
 @pytest.fixture(autouse=True)
@@ -93,32 +165,53 @@ def end_what_the_test_started(request: pytest.FixtureRequest) -> Iterator[None]:
     if not started:
         return
     procs = [*started, *leftovers.same_group_or_session(started)]
-    for item in leftovers.end(procs, "left running by the test"):
-        request.config.stash[LEFT].append((request.node.nodeid, item))
+    for item in leftovers.end(procs, LEFT_PROPERTY):
+        request.node.user_properties.append((LEFT_PROPERTY, item.line()))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Gather what the tests left running from their tear-down reports (in xdist's controller,
+    from every worker's)."""
+    if report.when == "teardown":
+        _LEFT.extend((report.nodeid, str(value)) for name, value in report.user_properties if name == LEFT_PROPERTY)
+
+
+_LEFT: list[tuple[str, str]] = []
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """At the end: a process this session started (its mark in the environment) that is still
     alive escaped the per-test clean-up; it is killed and the session fails, since a leak that
-    only prints is lost in a long CI log and slows everything that runs after it."""
-    escaped = leftovers.end(
-        leftovers.marked(leftovers.MARK, os.environ.get(leftovers.MARK, "")), "alive at the end of the test session"
-    )
-    session.config.stash[ESCAPED] = escaped
+    only prints is lost in a long CI log and slows everything that runs after it. Under xdist
+    each worker checks its own and writes what it found beside the quiet lock, where the
+    controller reads it (the workers have ended their sessions by then) and fails the run."""
+    config = session.config
+    if _controller(config):
+        escaped = [
+            line for path in sorted(config.stash[QUIET_DIR].glob("escaped-*")) for line in path.read_text().splitlines()
+        ]
+    else:
+        found = leftovers.end(
+            leftovers.marked(leftovers.MARK, os.environ[leftovers.MARK]), "alive at the end of the test session"
+        )
+        escaped = [item.line() for item in found]
+        if QUIET in config.stash and escaped:
+            worker = getattr(config, "workerinput", {}).get("workerid", "worker")
+            (Path(os.environ[quiet.ENV]) / f"escaped-{worker}").write_text("".join(f"{line}\n" for line in escaped))
+    config.stash[ESCAPED] = escaped
     if escaped and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The processes tests left running (each killed after its test), and any the session left."""
-    left = config.stash.get(LEFT, [])
-    if left:
+    if _LEFT:
         terminalreporter.section("processes left running by tests (killed after each)", yellow=True)
-        for nodeid, item in left:
-            terminalreporter.line(f"{nodeid}: {item.line()}")
+        for nodeid, line in _LEFT:
+            terminalreporter.line(f"{nodeid}: {line}")
     escaped = config.stash.get(ESCAPED, [])
     if escaped:
         terminalreporter.section("processes the test session left running (killed; the session fails)", red=True)
-        for item in escaped:
-            terminalreporter.line(item.line(), red=True)
+        for line in escaped:
+            terminalreporter.line(line, red=True)

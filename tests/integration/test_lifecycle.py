@@ -368,6 +368,7 @@ def test_attach_to_a_training_that_started_torchwatch_watches_the_training(tmp_p
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.quiet  # the cpu_bound demo's label, on the screen and in the report
 def test_tui_report_survives_its_terminal_closing(tmp_path: Path) -> None:
     """SIGHUP from a closed terminal: the TUI ends, the training is stopped, r.json is written."""
     from tests.integration.test_tui_tmux import Tmux, descendants

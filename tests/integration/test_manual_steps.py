@@ -19,11 +19,12 @@ FINAL = re.compile(r"^demo manual_sgd: done, (\d+) steps in ([\d.]+) s, ([\d.]+)
 PERIODIC = re.compile(r"^demo manual_sgd: step \d+, ([\d.]+) steps/s, loss \S+$", re.MULTILINE)
 
 
+@pytest.mark.quiet  # two rates over different windows agree only while the CPU the loop gets is steady
 def test_a_manual_sgd_loop_reports_the_steps_per_second_it_prints_itself(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     # the training prints to stderr (torchwatch passes it on) and ends by itself well before
     # --duration: torchwatch then stops and reports
-    cmd = (sys.executable, str(SCENARIO), "--seconds", "16")
+    cmd = (sys.executable, str(SCENARIO), "--seconds", "12")
     w = torchwatch(*headless_run(60, out, *cmd), json_path=out, timeout=150)
     assert w.code == 0, w.stderr[-3000:]
     final = FINAL.search(w.stderr)

@@ -23,7 +23,8 @@ from torchwatch.sources.hook import HookReader
 from torchwatch.watch.lifecycle import hook_env
 
 pytest.importorskip("torch.distributed", reason="the ranks need torch")
-pytestmark = pytest.mark.integration
+# one xdist worker runs the module: its two trainings are shared by the module
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ranks")]
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

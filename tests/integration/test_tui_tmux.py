@@ -23,6 +23,7 @@ from tests.integration.conftest import REPO
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.quiet,  # the demo's label on the screen within VERDICT_WITHIN_S
     pytest.mark.skipif(
         shutil.which("tmux") is None, reason="tmux is not installed: the real-terminal TUI test needs it"
     ),

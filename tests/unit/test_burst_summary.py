@@ -614,7 +614,7 @@ def test_load_trace_reads_plain_and_gzipped_json(tmp_path: Path) -> None:
         b"[]",
         b'{"traceEvents": 3}',
         b"\x1f\x8b\x08\x00broken gzip",
-        gzip.compress(b"[1, 2"),
+        gzip.compress(b"[1, 2", mtime=0),
         b"[" * 100_000 + b"]" * 100_000,
     ],
 )

@@ -26,7 +26,13 @@ __all__ = ["BLOCK_S", "STOP_WAIT_S", "check_assignment", "plan_trial", "readers_
 
 BLOCK_S = 2.0  # a block's length, s: long enough that a block's mean steadies, short enough for 8+ in 60 s
 STOP_WAIT_S = 5.0  # after a stop signal: how long torchwatch waits for the old values to be read back
-START_MARGIN_STEPS = 3  # several ranks start this many steps after the furthest one (the request's travel time)
+START_MARGIN_STEPS = 3  # several ranks start at least this many steps after the furthest one
+START_MARGIN_S = 1.0
+"""...and at least this long after it, s, at the typical step: the request reaches each rank by a
+signal whose Python handler runs only between bytecodes of the main thread (after the collective
+or C call it is in returns), and the ranks are signalled one after another. 3 steps alone were
+85 ms at a 2-rank gloo job's 28 ms steps, and on a loaded 2-core machine one rank read the request
+a step after the start step: it then switched a step later than the other."""
 POLL_S = 0.2
 
 
@@ -106,7 +112,7 @@ def plan_trial(
 
     Blocks last about :data:`BLOCK_S` s (from the median step), at least 5 steps; a fifth of
     each, 1 to 5 steps, is dropped after each switch. Several ranks start
-    :data:`START_MARGIN_STEPS` after the furthest rank's step.
+    :data:`START_MARGIN_STEPS` and :data:`START_MARGIN_S` after the furthest rank's step.
 
     Raises:
         UsageError: not ``SETTING=VALUE``, an unknown setting or value, a precision setting
@@ -123,7 +129,8 @@ def plan_trial(
         else:
             block_steps = max(5, min(1000, math.ceil(BLOCK_S / typical)))
     warmup = max(1, min(5, block_steps // 5))
-    start = furthest + START_MARGIN_STEPS if len(readers) > 1 and setting.mode == wire.STEPS else None
+    margin = START_MARGIN_STEPS if typical is None else max(START_MARGIN_STEPS, math.ceil(START_MARGIN_S / typical))
+    start = furthest + margin if len(readers) > 1 and setting.mode == wire.STEPS else None
     rid = (rng or random.SystemRandom()).randint(1, 1 << 31)
     req = wire.TrialRequest(
         id=rid, setting=setting.name, value=text, block_steps=block_steps, warmup=warmup, max_s=max_s,
