@@ -22,7 +22,7 @@ SCEN = Path(__file__).resolve().parents[1] / "scenarios" / "distributed"
 # Ranks start slowly on a loaded 2-core machine (first step after 5-12 s; these tests run alone,
 # but the machine may be busy): the straggler is named within NAMED_WITHIN_S of it, and the last
 # 10 s window before the end is steady steps.
-DURATION = 24.0
+DURATION = 22.0
 NAMED_WITHIN_S = 10.0  # the straggler is named within this long of the first step
 LAUNCHERS = ("torchrun", "mp.spawn")
 # What differs between the launchers is how the ranks are found and which process is the

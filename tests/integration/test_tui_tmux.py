@@ -32,6 +32,12 @@ pytestmark = [
 VERDICT_WITHIN_S = 20.0
 
 
+_ENV = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
+"""The environment for the test's own tmux server: a suite run inside tmux would otherwise hand
+the outer session's ``TMUX`` to the server and its panes (the app in the pane then drew nothing
+within 40 s: both TUI tests failed when the suite ran in a tmux window)."""
+
+
 class Tmux:
     """A private tmux server (its own socket) with one 80×24 window."""
 
@@ -40,7 +46,7 @@ class Tmux:
 
     def __call__(self, *args: str) -> str:
         return subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True, timeout=10
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True, timeout=10, env=_ENV
         ).stdout
 
     def screen(self) -> str:
@@ -63,7 +69,7 @@ class Tmux:
         return screen
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, env=_ENV)
 
 
 def descendants(pid: int) -> set[int]:
