@@ -32,10 +32,12 @@ pytestmark = [
 VERDICT_WITHIN_S = 20.0
 
 
-_ENV = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
-"""The environment for the test's own tmux server: a suite run inside tmux would otherwise hand
-the outer session's ``TMUX`` to the server and its panes (the app in the pane then drew nothing
-within 40 s: both TUI tests failed when the suite ran in a tmux window)."""
+_ENV = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES")}
+"""The environment for the test's own tmux server and the app in its pane. A suite run inside tmux
+would hand the outer session's ``TMUX`` to the server; and pytest-xdist's workers carry ``COLUMNS``
+and ``LINES`` of the terminal the suite was started in (200 and 50 in a 200×50 tmux window), which
+Textual (``shutil.get_terminal_size``) takes over the 80×24 pane's own size: the app drew for 200×50
+and the pane showed only its last lines, so both TUI tests failed when the suite ran in a tmux window."""
 
 
 class Tmux:

@@ -148,6 +148,35 @@ def test_forkserver_children_are_workers() -> None:
     assert roles[502] is Role.WORKER and roles[503] is Role.WORKER
 
 
+def test_a_dying_worker_whose_cmdline_reads_empty_stays_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process being OOM-killed has released its memory before it is a zombie: its
+    ``/proc/PID/cmdline`` reads empty for that while. The tree keeps its last read, so the worker
+    is not taken for a second main (the OOM record named the killed worker ``main`` once in 5 runs)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    code = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"
+    main = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(main.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        worker = psutil.Process(main.pid).children()[0].pid
+        tree = ProcessTree(main.pid)
+        assert tree.nodes()[worker].role is Role.WORKER
+        real = psutil.Process.cmdline
+        monkeypatch.setattr(psutil.Process, "cmdline", lambda p: [] if p.pid == worker else real(p))
+        for _ in range(2):  # and it stays so, read after read
+            tree.refresh()
+            assert tree.nodes()[worker].role is Role.WORKER
+        assert tree.mains() == [main.pid]
+    finally:
+        os.killpg(main.pid, 9)  # the worker too
+        main.wait()
+
+
 def test_non_python_tree_has_no_main() -> None:
     nodes = {
         400: node(1, ("sleep", "30"), exe="/usr/bin/sleep"),
