@@ -164,8 +164,6 @@ class ProcessTree:
         self._nodes: dict[int, TreeNode] = {}
         self._procs: dict[int, psutil.Process] = {root: self._root_proc}
         self._spawned: dict[int, frozenset[int]] = {}
-        self._seen: dict[int, tuple[float, tuple[str, ...], str]] = {}
-        """``{pid: (create time, cmdline, exe)}``: the last non-empty read of each process."""
         self.refresh()
 
     def mark_spawned_ranks(self, parent: int, pids: Iterable[int]) -> None:
@@ -190,7 +188,6 @@ class ProcessTree:
         raw: dict[int, tuple[int, str, tuple[str, ...], str]] = {}
         procs: dict[int, psutil.Process] = {}
         created: dict[int, float] = {}
-        seen_now: dict[int, tuple[float, tuple[str, ...], str]] = {}
         for proc in [self._root_proc, *children]:
             known = self._procs.get(proc.pid)
             if known is not None and known.is_running():
@@ -201,17 +198,12 @@ class ProcessTree:
                     created[proc.pid] = proc.create_time()
             except psutil.Error:
                 continue
-            seen = self._seen.get(proc.pid)
-            if seen is not None and seen[0] != created[proc.pid]:
-                seen = None  # the PID of another process
-            if cmdline:
-                seen_now[proc.pid] = (created[proc.pid], cmdline, exe)
-            elif seen is not None:
+            before = self._nodes.get(proc.pid)
+            if not cmdline and before is not None and before.create_time == created[proc.pid]:
                 # A process on its way out (the OOM kill of a large worker takes seconds) has released
-                # its memory: its cmdline reads empty. It is still the process it was: a dying
-                # worker must not become a main (its OOM record would name the wrong role).
-                cmdline, exe = seen[1], exe or seen[2]
-                seen_now[proc.pid] = seen
+                # its memory: its cmdline reads empty. It is still the process it was (same create
+                # time): a dying worker must not become a main (its OOM record would name the wrong role).
+                cmdline = before.cmdline
             raw[proc.pid] = (ppid, name, cmdline, exe)
             procs[proc.pid] = proc
         if self._holds_me:
@@ -224,7 +216,6 @@ class ProcessTree:
         with self._lock:
             self._spawned = spawned
             self._procs = procs
-            self._seen = seen_now
             self._nodes = {
                 pid: TreeNode(pid, raw[pid][0], roles.get(pid, Role.OTHER), raw[pid][1], raw[pid][2], created[pid])
                 for pid in raw
