@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Watched, others_hold_cpus, watch_demo
+from tests.integration.conftest import LAUNCH_BOUND_SECONDS, Watched, others_hold_cpus, watch_demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.quiet]
 
@@ -79,7 +79,7 @@ def test_gpu_demo_on_cpu_is_cpu_bound(tmp_path: Path) -> None:
 def test_launch_bound_demo_on_cpu_is_cpu_bound(tmp_path: Path) -> None:
     """Without a GPU, ~1000 tiny operators per step are framework overhead on the CPU: cpu-bound, and
     the GPU rules say why they do not apply (no NVML here), never a GPU label."""
-    result = watch_demo(tmp_path, "launch_bound")
+    result = watch_demo(tmp_path, "launch_bound", duration=LAUNCH_BOUND_SECONDS)
     assert result.report is not None, result.stderr[-2000:]
     assert result.report["verdict"]["label"] == "cpu-bound", result.stdout  # on a busy machine too
     if not _busy_machine(result.report):

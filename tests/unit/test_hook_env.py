@@ -70,7 +70,7 @@ def test_bad_torchwatch_values_never_break_the_training(tmp_path: Path) -> None:
             bad = pending.pop()
             env = {**hook_env(burst_at=(5,)), "TORCHWATCH_BURST_COOLDOWN_S": "0", **bad}
             proc = subprocess.Popen(
-                [sys.executable, str(SMALL), "--seconds", "1"],
+                [sys.executable, str(SMALL), "--seconds", "0.4"],  # ~35 steps: the burst at step 5 and after
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -149,3 +150,37 @@ def test_a_real_xdist_session_runs_quiet_tests_alone_and_the_others_side_by_side
     side_by_side = sum(1 for a in others for b in others if a[0] < b[0] and a[1] < b[2] and b[1] < a[2])
     assert side_by_side >= 3, others
     assert {r[3] for r in quiet_runs} == {None} and {r[3] for r in others} == {"1"}, runs
+
+
+class _Item:
+    """What ``tests.conftest._order`` reads of a collected test: its node id and its markers."""
+
+    def __init__(self, nodeid: str, quiet_: bool = False) -> None:
+        self.nodeid = nodeid
+        self._quiet = quiet_
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "quiet" and self._quiet else None
+
+
+def test_the_suite_sends_the_quiet_block_first_then_the_lead_in_then_the_rest_in_its_order() -> None:
+    """The order the suite's tests are sent in (tests/conftest.py), and xdist told to keep it: with
+    its default reorder it sends the largest groups first (a 60 s compile group among them), and
+    the quiet block waited behind them."""
+    from tests import conftest
+
+    lead = conftest.LEAD_IN
+    items = [
+        _Item("tests/integration/test_compile.py::test_a"),
+        _Item("tests/unit/test_x.py::test_b"),
+        _Item(f"{lead}::test_c"),
+        _Item("tests/integration/test_demos.py::test_d", quiet_=True),
+        _Item(f"{lead}::test_e"),
+        _Item("tests/integration/test_ranks.py::test_f", quiet_=True),
+    ]
+    items.sort(key=conftest._order)  # type: ignore[arg-type]
+    assert [i.nodeid.rsplit("::", 1)[1] for i in items] == ["test_d", "test_f", "test_c", "test_e", "test_a", "test_b"]
+    root = Path(__file__).resolve().parents[2]
+    assert (root / lead).is_file(), lead
+    addopts = re.search(r'^addopts = "(.*)"$', (root / "pyproject.toml").read_text(), re.M)
+    assert addopts is not None and "--no-loadscope-reorder" in addopts.group(1).split()
