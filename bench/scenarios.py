@@ -114,27 +114,41 @@ def straggler_of(path: Path) -> int | None:
     return None
 
 
-def expected_of(path: Path) -> str:
-    """The scenario's ``EXPECTED = "<label>"``."""
+def expected_of(path: Path) -> str | None:
+    """The scenario's ``EXPECTED = "<label>"``; None when it has none (a scenario written for
+    another test: the compile and trial ones name findings or take trials, not a label).
+
+    Raises SystemExit: an ``EXPECTED`` that is not one of the labels."""
     label = constant_of(path, "EXPECTED")
+    if label is None:
+        return None
     if label not in LABELS:
-        raise SystemExit(f"scenarios.py: error: {path} has no EXPECTED = '<label>' constant")
+        raise SystemExit(f"scenarios.py: error: {path}: EXPECTED = {label!r} is not one of {', '.join(LABELS)}")
     return str(label)
 
 
 def discover(only: str | None, with_demos: bool, distributed: bool = True) -> dict[str, tuple[Path, str]]:
-    """name -> (script, expected label)."""
-    found = {p.stem: (p, expected_of(p)) for p in sorted(SCEN_DIR.glob("*.py")) if not p.stem.startswith("_")}
+    """name -> (script, expected label): every scenario with an ``EXPECTED`` label (those without
+    one are not in the matrix; named in ``only`` they are an error)."""
+    scripts = [p for p in sorted(SCEN_DIR.glob("*.py")) if not p.stem.startswith("_")]
+    found = {p.stem: (p, label) for p in scripts if (label := expected_of(p)) is not None}
+    unlabelled = [p.stem for p in scripts if p.stem not in found]
     if distributed:
         for p in sorted(DIST_DIR.glob("*.py")):
-            if not p.stem.startswith("_"):
+            label = expected_of(p) if not p.stem.startswith("_") else None
+            if label is not None:
                 for launcher in LAUNCHERS:
-                    found[f"distributed/{p.stem}@{launcher}"] = (p, expected_of(p))
+                    found[f"distributed/{p.stem}@{launcher}"] = (p, label)
     if with_demos:
         for name, label in DEMO_EXPECTED.items():
             found[f"demo/{name}"] = (DEMO_DIR / f"{name}.py", label)
     if only:
         wanted = [w.strip() for w in only.split(",") if w.strip()]
+        bare = [w for w in wanted if w in unlabelled]
+        if bare:
+            raise SystemExit(
+                f"scenarios.py: error: {', '.join(bare)}: no EXPECTED = '<label>' constant (not a label scenario)"
+            )
         unknown = [w for w in wanted if w not in found]
         if unknown:
             raise SystemExit(f"scenarios.py: error: unknown scenario(s) {', '.join(unknown)}; have {', '.join(found)}")
