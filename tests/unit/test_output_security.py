@@ -198,14 +198,13 @@ def test_the_hang_file_is_private(tmp_path: Path) -> None:
 
 TARGET = f"""
 import time
-src = "def f():\\n    while True:\\n        time.sleep(0.05)\\n"
+src = "def f():\\n    print('ready', flush=True)\\n    while True:\\n        time.sleep(0.05)\\n"
 ns = {{"time": time}}
 exec(compile(src, {("train" + EVIL + ".py")!r}, "exec"), ns)
 f = ns["f"]
 name = {("step" + FORGED)!r}
 f.__code__ = f.__code__.replace(co_name=name, co_qualname=name)
-print("ready", flush=True)
-f()
+f()  # says "ready" from inside f: the dump that follows finds it on the stack
 """
 
 
