@@ -91,6 +91,40 @@ def test_a_mode_of_the_trainings_on_top_is_never_popped() -> None:
     assert not step.on and "flops_per_step" not in out and "dispatch mode" in out["flops_note"]
 
 
+def _stack() -> list[str]:
+    """The dispatch modes on the stack now, innermost last, by class name."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return [type(m).__name__ for m in _get_current_dispatch_mode_stack()]
+
+
+def test_a_mode_popped_by_someone_else_is_never_replaced_by_popping_another() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode
+
+    class Theirs(TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    step, _ = flops.FlopStep.start(torch)
+    assert step is not None
+    _pop_mode()  # the training's code pops the innermost mode, ours
+    with Theirs():
+        out = step.stop(1.0)
+        assert _stack() == ["Theirs"]  # theirs is still there
+    assert not step.on and "popped" in out["flops_note"] and _stack() == []
+
+
+def test_no_count_starts_inside_a_mode_of_the_trainings() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):
+        step, note = flops.FlopStep.start(torch)
+        assert step is None and note is not None
+        assert "dispatch mode of its own on the stack" in note and "_FlopCounterMode" in note
+        assert _stack() == ["_FlopCounterMode"]
+    assert _stack() == []
+
+
 class _Profile:
     def __init__(self, **kw: Any) -> None:
         self.step_num = 0
@@ -157,3 +191,62 @@ def test_a_cpu_rate_is_against_its_measured_peak_and_says_so() -> None:
     assert rate.peak_text.startswith("measured float32 matmul peak of this CPU")
     unmeasured = peaks.flop_rate(wire.BurstResult(1, flops_per_step=1e9, flops_device="cpu"), 20.0)
     assert unmeasured is not None and unmeasured.mfu is None and unmeasured.why
+
+
+def _flop_counted_steps(
+    b: burst.Burster, n: int, bursts_at: tuple[int, ...], outside: tuple[int, ...] = ()
+) -> tuple[list[list[str]], list[int]]:
+    """``n`` steps of an MLP, each (``optimizer.step()`` included) inside the training's own
+    ``FlopCounterMode`` as a user measuring MFU writes it; the hook's step boundary (the optimizer
+    step's post hook) is inside that block, except for the steps in ``outside``. A burst is asked
+    for at the steps in ``bursts_at``. Returns the dispatch-mode stack after each step's block
+    and the training's own FLOP count of each step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, x, _ = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stacks, counts = [], []
+    for i in range(n):
+        t = 100.0 + i
+        if i in bursts_at:
+            b.state, b._ended_at = "idle", None  # the summary (replaced here) is done
+            assert b.request(wire.BurstRequest(), t, True, "signal"), b.last_refusal
+        counter = FlopCounterMode(display=False)
+        with counter:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i not in outside:
+                b.on_step(t, i)
+        if i in outside:
+            b.on_step(t, i)
+        b._cancel_timer()
+        stacks.append(_stack())
+        counts.append(counter.get_total_flops())
+    return stacks, counts
+
+
+def test_bursts_leave_the_dispatch_stack_of_a_training_that_counts_its_own_flops_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 49: the hook pushed its counting mode inside the training's FlopCounterMode, whose
+    # __exit__ popped torchwatch's and left its own _FlopCounterMode on the stack for good
+    b = _burster(monkeypatch)
+    stacks, counts = _flop_counted_steps(b, 12, bursts_at=(1, 6))
+    assert stacks == [[]] * 12, stacks
+    assert len(set(counts)) == 1  # the training's own count is the same on every step, bursts or not
+    assert b._flop is None and "dispatch mode of its own on the stack" in b._flop_out["flops_note"]
+
+
+def test_a_count_the_training_wraps_later_waits_beneath_and_leaves_when_innermost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the count starts at a boundary outside the training's block (step 1), the next boundaries
+    # are inside it: ours waits beneath theirs, never popping theirs, and leaves at step 9's
+    # boundary, outside the block again
+    b = _burster(monkeypatch)
+    stacks, counts = _flop_counted_steps(b, 11, bursts_at=(1,), outside=(1, 9, 10))
+    assert stacks[1] == ["_Counting"] and all(s == ["_Counting"] for s in stacks[2:9]), stacks
+    assert stacks[9:] == [[], []]
+    assert len(set(counts[2:])) == 1  # theirs counted every step alike, ours beneath it or not
+    assert b._flop is None

@@ -197,7 +197,18 @@ class Burster:
             return f"too soon: the last burst ended {ago:.1f} s ago (bursts are at least {self.cooldown_s:g} s apart)"
         if self._other_profiler():
             return "another profiler is already active in the training (torch.profiler): not starting a second one"
+        if self._flop is not None:
+            return (
+                "the last burst's FLOP-counting mode is still beneath a dispatch mode of the training's: it "
+                "leaves at the first step boundary where it is innermost"
+            )
         return None
+
+    @property
+    def wants_steps(self) -> bool:
+        """Whether :meth:`on_step` has work at a step boundary: a burst is armed or running, or
+        the counting mode of the last one still waits to leave (:meth:`flops.FlopStep.stop`)."""
+        return self.state != "idle" or self._flop is not None
 
     def request(self, params: BurstParams, now: float, stepping: bool, source: str) -> bool:
         """Arm a burst; False (with :attr:`last_refusal` set) when refused.
@@ -251,6 +262,8 @@ class Burster:
             step: the number (0-based) of the step that begins now, as the hook counts them;
                 ``None`` when not counted (then ``start_step`` is not waited for).
         """
+        if self._flop is not None and not (self.state == "running" and self.mode == "steps"):
+            self._end_flop_count(now)  # a burst that ended with its mode beneath the training's
         if self.state == "armed" and self.mode == "steps":
             start = self.params.start_step
             if start is not None and step is not None and step < start:
@@ -405,9 +418,15 @@ class Burster:
 
     def _finish(self, now: float) -> None:
         self._cancel_timer()
-        if self._flop is not None:  # the burst ends inside its warmup step (at exit)
+        if self._flop is not None:  # the burst ends inside its warmup step (at exit, detach, max_s)
             self._end_flop_count(now)
-            self._flop_out = {"flops_note": "FLOPs not counted: the burst ended inside its warmup step"}
+            if self._flop is None:
+                self._flop_out = {"flops_note": "FLOPs not counted: the burst ended inside its warmup step"}
+            else:
+                self._flop_out = {
+                    "flops_note": "FLOPs not counted: the burst ended with its counting mode beneath a dispatch "
+                    "mode of the training's; it leaves at the first step boundary where it is innermost"
+                }
         prof, self._prof = self._prof, None
         measured = self._step_durations(self._active_steps) if self.mode == "steps" else []
         rec, self._window_rec = self._window_rec, None

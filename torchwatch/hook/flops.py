@@ -144,10 +144,24 @@ class FlopStep:
     @classmethod
     def start(cls, torch: Any, now: float | None = None) -> tuple[FlopStep | None, str | None]:
         """Enter the counting mode at ``now`` (monotonic s, the step boundary; default: the clock).
-        Returns ``(the step, None)`` or ``(None, why not)``."""
-        try:
-            from torch.utils._python_dispatch import TorchDispatchMode
+        Returns ``(the step, None)`` or ``(None, why not)``.
 
+        Refused when any dispatch mode is on the stack already (the training's own, as
+        ``FlopCounterMode`` around a whole step, ``optimizer.step()`` included): ours would be
+        pushed inside the training's ``with`` block, whose ``__exit__`` pops the innermost mode,
+        torchwatch's, and leaves the training's own on the stack for the rest of the run.
+        """
+        try:
+            from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+            theirs = _get_current_dispatch_mode_stack()
+            if theirs:
+                names = ", ".join(sorted({type(m).__name__ for m in theirs}))
+                return None, wire.clean_text(
+                    f"FLOPs not counted: the training has a dispatch mode of its own on the stack at the step "
+                    f"boundary ({names}): torchwatch's, pushed inside it, would be popped by its exit",
+                    wire.TEXT,
+                )
             if not hasattr(TorchDispatchMode, "ignore_compile_internals") and _compiled():
                 # a torch that does not ask marks a compiled frame met under any dispatch mode
                 # "skip" for good: the training would run eagerly from then on
@@ -159,18 +173,24 @@ class FlopStep:
         return cls(torch, mode, time.monotonic() if now is None else now), None
 
     def stop(self, now: float) -> dict[str, Any]:
-        """Leave the mode (only when it is the innermost one: never pop the training's own) and
-        return the :data:`wire.FLOP_FIELDS` it measured."""
+        """Leave the mode, only from where :meth:`start` put it (the bottom of the stack, then
+        its top: never pop the training's own), and return the :data:`wire.FLOP_FIELDS` it
+        measured. A mode of the training's above ours leaves it on (:attr:`on`): the caller
+        tries again at a later boundary. A mode no longer on the stack (the training's code
+        popped it) is left alone: nothing is popped in its place."""
         if not self.on:
             return {}
         try:
-            from torch.utils._python_dispatch import _get_current_dispatch_mode
+            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-            top: Any = _get_current_dispatch_mode()
+            stack: list[Any] = list(_get_current_dispatch_mode_stack())
         except Exception:
-            top = self.mode
+            stack = [self.mode]
         blocked = {"flops_note": "FLOPs not counted: the training entered a dispatch mode of its own in that step"}
-        if top is not self.mode:
+        if not any(m is self.mode for m in stack):
+            self.on = False  # popped by someone else: never pop anything in its place
+            return {"flops_note": "FLOPs not counted: the training's code popped torchwatch's counting mode"}
+        if len(stack) != 1 or stack[0] is not self.mode:
             self.blocked = True  # left on: the caller tries again at the next boundary
             return blocked
         try:

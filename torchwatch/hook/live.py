@@ -357,6 +357,14 @@ def _undo() -> list[str]:
             burster._cancel_timer()
             if burster._prof is not None:
                 burster._finish(time.monotonic())
+        with contextlib.suppress(Exception):
+            if burster._flop is not None:
+                burster._end_flop_count(time.monotonic())
+        if burster._flop is not None:
+            left.append(
+                "torchwatch's FLOP-counting mode is beneath a dispatch mode of the training's: not popped "
+                "(the training's would go instead); it runs every op unchanged"
+            )
     hook.close()
     runtime._HOOK = None
     if live.created_base:

@@ -651,7 +651,7 @@ class Hook:
             trials.on_step(now, duration, counters.steps)
         burster = self.burster
         if burster is not None and not trying:
-            if burster.state != "idle":
+            if burster.wants_steps:
                 burster.on_step(now, counters.steps)
                 # Starting or stepping the profiler is our cost, not the next step's: the next
                 # step starts when it is done (so it lines up with the trace's ProfilerStep span).
@@ -802,6 +802,8 @@ class Hook:
         burster = self.burster
         if burster is not None and burster.state != "idle":
             return f"a profiler burst is {burster.state}: its cost would be timed as the setting's"
+        if burster is not None and burster.wants_steps:
+            return "the last burst's FLOP-counting mode has not left yet: its cost would be timed as the setting's"
         return None
 
     def _typical_step_s(self) -> float | None:
