@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import signal
 import statistics
+import sys
 import threading
 import time
 import warnings
@@ -222,6 +224,9 @@ class Trials:
         self._block: _Block | None = None
         self._started = 0.0
         self._timer: threading.Timer | None = None
+        # SIGCHLD's handler before torch set its own for the first iterator with workers, which
+        # the trial made (the training had none): put back at the trial's end (_put_sigchld_back)
+        self._sigchld: tuple[Any, Any] | None = None
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -489,6 +494,9 @@ class Trials:
         name = setting.name
         saved = {"num_workers": loader.num_workers, "prefetch_factor": loader.prefetch_factor,
                  "pin_memory": loader.pin_memory}  # fmt: skip
+        handling = sys.modules.get("torch.utils.data._utils.signal_handling")
+        first = handling is not None and getattr(handling, "_SIGCHLD_handler_set", True) is False
+        before = signal.getsignal(signal.SIGCHLD) if first else None
         try:
             setattr(loader, name, self._new)
             if name == "num_workers" and self._new > 0 and loader.prefetch_factor is None:
@@ -497,6 +505,8 @@ class Trials:
                 warnings.simplefilter("ignore")
                 return make(loader)
         finally:
+            if first and self._sigchld is None and getattr(handling, "_SIGCHLD_handler_set", False) is True:
+                self._sigchld = (before, signal.getsignal(signal.SIGCHLD))
             for attr, v in saved.items():
                 if getattr(loader, attr) is not v:
                     setattr(loader, attr, v)
@@ -539,8 +549,26 @@ class Trials:
         elif req is not None and req.keep and not keep:
             reason += "; not kept: no speed-up measured"
         self._loader_key = None
+        self._put_sigchld_back()
         self._publish(state=state, reason=clean_text(reason, TEXT), estimate=est, restored=restored, kept=kept,
                       now_value=now_value, ended=now)  # fmt: skip
+
+    def _put_sigchld_back(self) -> None:
+        """The trial made the process's first DataLoader iterator with workers, for which torch
+        set its SIGCHLD handler (once per process, ``_set_SIGCHLD_handler``): put back the one
+        before, and torch's flag, so that the training's own first iterator with workers sets it
+        again. Left as is when the handler changed since (someone else's), or off the main
+        thread (only it may set a handler). The trial's last iterator, if it has workers, then
+        finds a dead worker by its own timeout check instead of by the signal."""
+        saved, self._sigchld = self._sigchld, None
+        if saved is None or threading.current_thread() is not threading.main_thread():
+            return
+        before, torchs = saved
+        handling = sys.modules.get("torch.utils.data._utils.signal_handling")
+        with contextlib.suppress(Exception):
+            if handling is not None and signal.getsignal(signal.SIGCHLD) is torchs:
+                signal.signal(signal.SIGCHLD, before if before is not None else signal.SIG_DFL)
+                setattr(handling, "_SIGCHLD_handler_set", False)  # noqa: B010 (a module of torch's, typed)
 
     def _fail(self, why: str, now: float) -> None:
         if self.active:
