@@ -8,6 +8,7 @@ import json
 import math
 import random
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -323,9 +324,19 @@ class _Reader:
     def __init__(self, pid: int, durations: list[float], steps: int) -> None:
         self.pid = pid
         self._snap = type("S", (), {"steps": steps, "entries": [(0.0, d, 0.0) for d in durations]})()
+        self._record: Any = None
 
     def counters(self) -> Any:
         return self._snap
+
+    def record(self) -> Any:
+        return self._record
+
+
+class _CpusReader(_Reader):
+    def __init__(self, pid: int, cpus: float) -> None:
+        super().__init__(pid, [0.05] * 20, 100)
+        self._record = SimpleNamespace(usable_cpus=cpus)
 
 
 def test_the_plan_sizes_blocks_to_two_seconds_and_aligns_ranks_on_one_start_step() -> None:
@@ -419,3 +430,30 @@ def test_a_process_without_a_hook_is_one_line_with_the_fix(capsys: pytest.Captur
     assert "no trial: no hook in PID" in err and "torchwatch run" in err and "\n" not in err
     assert main(["trial", "999999", "threads=2"]) == 1
     assert "no process with PID 999999" in capsys.readouterr().err
+
+
+# -- bounds from the usable CPUs (issue 49: threads=4096 was accepted on 2 CPUs) ----------------
+def test_threads_and_workers_are_bounded_by_the_usable_cpus_on_both_sides() -> None:
+    threads, workers = wire.find_setting("threads"), wire.find_setting("num_workers")
+    assert threads is not None and workers is not None
+    assert wire.cpu_bound(threads, 2.0) == 2 and wire.cpu_bound(threads, 1.5) == 2
+    assert wire.cpu_bound(workers, 2.0) == 8 and wire.cpu_bound(threads, None) is None
+    assert wire.check_cpu_bound(threads, 2, 2.0) is None and wire.check_cpu_bound(workers, 8, 2.0) is None
+    why = wire.check_cpu_bound(threads, 4096, 2.0)
+    assert why is not None and "threads=4096" in why and "2 usable CPUs" in why and "\n" not in why
+    assert "4 per CPU" in (wire.check_cpu_bound(workers, 256, 2.0) or "")
+    # torchwatch refuses before sending (the fewest CPUs of the ranks) ...
+    with pytest.raises(UsageError, match="threads=3 is beyond the 2"):
+        plan_trial([_CpusReader(1, 4.0), _CpusReader(2, 2.0)], "threads=3")  # type: ignore[list-item]
+    with pytest.raises(UsageError, match="num_workers=256"):
+        plan_trial([_CpusReader(1, 2.0)], "num_workers=256")  # type: ignore[list-item]
+    assert plan_trial([_CpusReader(1, 2.0)], "threads=2").request.value == "2"  # type: ignore[list-item]
+    # ... and the hook refuses what reaches it anyway, before changing anything
+    before = torch.get_num_threads()
+    host = _Host()
+    trials = Trials(torch, host._changed, lambda: True, lambda key: None, lambda: None, lambda: None,
+                    lambda: 0.01, lambda: 2.0)  # fmt: skip
+    trials.on_request(_req("threads", "4096"), time.monotonic(), 0)
+    st = trials.state
+    assert st is not None and st.state == "refused" and "beyond the 2" in st.reason
+    assert torch.get_num_threads() == before and not trials.active

@@ -348,7 +348,7 @@ class Hook:
         )
         self.trials = Trials(
             torch, self.publish, self._interrupt_main, self._loader_object, self._busiest_loader,
-            self._trial_busy, self._typical_step_s,
+            self._trial_busy, self._typical_step_s, lambda: self.usable_cpus,
         )  # fmt: skip
         _active = True
         self._patch(torch)

@@ -193,6 +193,8 @@ class Trials:
         target_loader: the key of the DataLoader with the most batches, or ``None``.
         busy: why another measurement (a profiler burst) forbids a trial now, or ``None``.
         typical_step_s: the median of the last steps' durations, s (``None``: none yet).
+        usable_cpus: the process's usable CPUs (``None``: unknown); bounds ``threads`` and
+            ``num_workers`` (:func:`wire.cpu_bound`).
     """
 
     def __init__(
@@ -204,8 +206,10 @@ class Trials:
         target_loader: Callable[[], int | None],
         busy: Callable[[], str | None],
         typical_step_s: Callable[[], float | None],
+        usable_cpus: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.torch = torch
+        self._usable_cpus = usable_cpus
         self._changed = changed
         self._interrupt = interrupt
         self._loader_for = loader_for
@@ -316,6 +320,10 @@ class Trials:
             return
         if setting.refused is not None:
             self._refuse(req.id, setting.name, text, setting.refused, now)
+            return
+        why = wire.check_cpu_bound(setting, value, self._usable_cpus())
+        if why is not None:
+            self._refuse(req.id, setting.name, text, why, now)
             return
         if setting.numerics == "precision" and not req.allow_numerics:
             self._refuse(req.id, setting.name, text, "it changes the arithmetic's precision, so what the training "

@@ -53,6 +53,12 @@ def readers_for(pid: int) -> list[HookReader]:
     return hooked
 
 
+def _usable_cpus(reader: HookReader) -> float | None:
+    """The usable CPUs the hook of ``reader`` published (``None``: not read)."""
+    rec = reader.record()
+    return None if rec is None else rec.usable_cpus
+
+
 def _typical_step(readers: Sequence[HookReader]) -> tuple[float | None, int]:
     """The median of the last 20 steps' durations over the readers, s, and the furthest step count."""
     durations: list[float] = []
@@ -116,10 +122,16 @@ def plan_trial(
 
     Raises:
         UsageError: not ``SETTING=VALUE``, an unknown setting or value, a precision setting
-            without ``allow_numerics``, a setting never tried live, bad ``block_steps``/``max_s``.
+            without ``allow_numerics``, a setting never tried live, bad ``block_steps``/``max_s``,
+            ``threads`` or ``num_workers`` beyond what the training's usable CPUs carry
+            (:func:`wire.cpu_bound`, the fewest CPUs of the ranks).
         TorchwatchError: no step measured yet (steps mode: blocks cannot be planned).
     """
     setting, text = check_assignment(assignment, block_steps=block_steps, max_s=max_s, allow_numerics=allow_numerics)
+    cpus = [c for c in (_usable_cpus(r) for r in readers) if c is not None]
+    why = wire.check_cpu_bound(setting, setting.parse(text), min(cpus) if cpus else None)
+    if why is not None:
+        raise UsageError(why, "try a value within the usable CPUs (torchwatch doctor PID shows them)")
     typical, furthest = _typical_step(readers)
     if block_steps is None:
         if typical is None:

@@ -15,6 +15,7 @@ What each setting may change in what the training computes is its ``numerics`` c
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,10 @@ __all__ = [
     "SETTINGS",
     "STEPS",
     "VALUE_TEXT",
+    "WORKERS_PER_CPU",
     "Setting",
+    "check_cpu_bound",
+    "cpu_bound",
     "find_setting",
     "parse_assignment",
     "show_value",
@@ -181,3 +185,45 @@ def show_value(value: object) -> str:
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return clean_text(str(value), VALUE_TEXT)
+
+
+WORKERS_PER_CPU = 4
+"""DataLoader workers per usable CPU a trial may try at most: the most torchwatch ever advises
+(workers that mostly wait on storage, ``analysis.workers.io_bound_workers``'s cap; each worker
+also holds ``prefetch_factor`` batches in memory)."""
+
+
+def cpu_bound(setting: Setting, usable_cpus: float | None) -> int | None:
+    """The largest value of ``setting`` a live trial may set on a process with ``usable_cpus``
+    (its affinity and cgroup quota, :func:`torchwatch.wire.cpus.usable_cpus`), or ``None`` when
+    the setting has no CPU bound or the CPUs are unknown.
+
+    - ``threads``: the usable CPUs, rounded up. Intra-op threads beyond them time-share the CPUs,
+      and every op waits at its barrier for the thread that lost its CPU (4,096 threads on 2 CPUs
+      made the steps 35 times slower until ``--max-s``): nothing to learn from trying more.
+    - ``num_workers``: :data:`WORKERS_PER_CPU` per usable CPU, rounded up.
+    """
+    if usable_cpus is None or not math.isfinite(usable_cpus) or usable_cpus <= 0:
+        return None
+    cpus = max(1, math.ceil(usable_cpus - 1e-9))
+    if setting.name == "threads":
+        return cpus
+    if setting.name == "num_workers":
+        return WORKERS_PER_CPU * cpus
+    return None
+
+
+def check_cpu_bound(setting: Setting, value: object, usable_cpus: float | None) -> str | None:
+    """Why ``value`` is beyond :func:`cpu_bound` (one line), or ``None`` when it is within it.
+
+    Used by both sides: torchwatch before it sends a trial, the hook before it applies one.
+    """
+    bound = cpu_bound(setting, usable_cpus)
+    if bound is None or not isinstance(value, int) or isinstance(value, bool) or value <= bound:
+        return None
+    assert usable_cpus is not None
+    per = "" if setting.name == "threads" else f" ({WORKERS_PER_CPU} per CPU)"
+    return (
+        f"{setting.name}={value} is beyond the {bound}{per} that the training's {usable_cpus:g} usable CPUs "
+        "carry: refused (more only wait for a CPU)"
+    )
