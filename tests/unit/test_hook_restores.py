@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 
+from torchwatch.hook.trial import TIMER_GRACE_S
+
 pytest.importorskip("torch")
 SCRIPT = Path(__file__).with_name("_state_script.py")
+SIGNAL_TAKEN = Path(__file__).with_name("_signal_taken_script.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -56,3 +59,25 @@ def test_bursts_trials_and_attach_cycles_leave_the_trainings_state_as_it_was(tmp
     ] * 3
     assert out["burst_state_at_detach"] == "running"
     assert out["trial_at_detach"] == ["running", 2]  # the trial's value was on when the hook was taken out
+
+
+def test_a_trial_ends_at_max_s_when_the_training_takes_the_signal_and_stops_stepping(tmp_path: Path) -> None:
+    # issue 49: the trial's timer reached the main thread only through the burst signal's handler;
+    # a training that took the signal for itself kept the trial's value ~20 s past --max-s
+    max_s = 5.0
+    proc = subprocess.run(
+        [sys.executable, str(SIGNAL_TAKEN), str(max_s)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "TORCHWATCH_DIR": str(tmp_path / "hooks")},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["back_after_s"] is not None, out
+    # max_s + the timer's grace (hook.trial.TIMER_GRACE_S, 2 s) + 1 s for a loaded machine
+    assert out["back_after_s"] <= max_s + TIMER_GRACE_S + 1.0, out
+    assert (out["state"], out["restored"]) == ("done", True) and "no step boundary" in out["reason"]
+    assert not out["their_handler_ran"]  # their handler is never called in the hook's place

@@ -886,16 +886,38 @@ class Hook:
         return req if isinstance(req, dict) else None
 
     def _interrupt_main(self) -> bool:
-        """From a timer thread: run our signal handler in the main thread, without a real signal."""
+        """From a timer thread: run our signal handler in the main thread, without a real signal.
+
+        When the training has taken the signal for itself, :meth:`_on_timer` runs there instead
+        as a pending call (``Py_AddPendingCall``, which the interpreter runs in the main thread
+        between two bytecodes, whatever its signal handlers): a trial's ``max_s`` and a burst's
+        deadline hold whatever the training does with the signal.
+        """
         try:
-            if not _active or not self._check_signal():
+            if not _active:
                 return False
+            if not self._check_signal():
+                return _pending_call(self._on_timer)
             import _thread
 
             _thread.interrupt_main(self.signum)  # type: ignore[arg-type]  # an int works since 3.10
         except Exception:
             return False
         return True
+
+    def _on_timer(self) -> None:
+        """A timer's deadline, in the main thread without the signal: end a trial past its
+        ``max_s``, a burst past its window or ``max_s``. Never raises."""
+        if not _active or os.getpid() != self.pid:
+            return
+        try:
+            now = time.monotonic()
+            if self.trials is not None and self.trials.active:
+                self.trials.on_interrupt(now)
+            if self.burster is not None:
+                self.burster.on_interrupt(now)
+        except Exception as exc:
+            self.error(f"timer: {exc!r}")
 
     def _check_signal(self) -> bool:
         """Whether our handler still owns the signal (the training may install its own later)."""
@@ -1027,6 +1049,34 @@ class Hook:
 
 
 _HOOK: Hook | None = None
+_PENDING: list[Any] = []  # the ctypes callbacks handed to Py_AddPendingCall, kept alive until they run
+
+
+def _pending_call(function: Callable[[], None]) -> bool:
+    """Have ``function()`` run in the main thread at its next bytecode (CPython's
+    ``Py_AddPendingCall``), whatever the training did with its signal handlers. False when it
+    cannot be queued (no ctypes, the queue full). The call never raises into the training."""
+    try:
+        import ctypes
+
+        def run(_arg: Any) -> int:
+            with contextlib.suppress(BaseException):  # never into the training's code
+                function()
+            with contextlib.suppress(ValueError):
+                _PENDING.remove(callback)
+            return 0
+
+        callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(run)
+        add = ctypes.pythonapi.Py_AddPendingCall
+        add.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        add.restype = ctypes.c_int
+        _PENDING.append(callback)
+        if add(ctypes.cast(callback, ctypes.c_void_p), None) != 0:
+            _PENDING.remove(callback)
+            return False
+    except Exception:
+        return False
+    return True
 
 
 def _after_fork_in_child() -> None:
