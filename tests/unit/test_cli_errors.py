@@ -215,3 +215,35 @@ def test_a_report_that_could_not_be_written_at_the_end_exits_1(
     assert code == 1
     assert f"cannot write {folder / 'r.json'}" in err and "exit 1" in err
     assert "torchwatch report:" in out  # the text report is still printed
+
+
+# -- issue 49: bad input and a closed stdout end in one line, never an internal error -------------
+REPORT = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "today.json"
+
+
+def test_a_report_holding_a_5000_digit_integer_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = REPORT.read_text().rstrip()
+    big = tmp_path / "big.json"
+    big.write_text(text[:-1] + ', "big": ' + "9" * 5000 + "}")
+    assert main(["compare", str(big), str(REPORT)]) == 2
+    assert "number too long" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("how", ["closed", "reader gone"])
+def test_a_closed_stdout_is_one_line_and_exit_1(how: str) -> None:
+    import sys
+
+    cmd = [sys.executable, "-m", "torchwatch", "compare", str(REPORT), str(REPORT)]
+    if how == "closed":  # torchwatch ... >&-
+        proc = subprocess.run(["bash", "-c", " ".join(cmd) + " >&-"], capture_output=True, text=True, timeout=60)
+        code, err = proc.returncode, proc.stderr
+    else:  # a pipe whose reader went away before the output was written
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+            assert child.stdout is not None and child.stderr is not None
+            child.stdout.close()
+            err = child.stderr.read()
+            code = child.wait(60)
+    assert code == 1, err
+    assert "Traceback" not in err and "internal error" not in err
+    (line,) = err.splitlines()
+    assert "stdout" in line and "not written" in line and "hint:" in line

@@ -565,6 +565,12 @@ def _watch(args: argparse.Namespace, stops: StopSignals) -> int:
     return attach_pid(pid, opts, stops)
 
 
+_STDOUT_CLOSED = TorchwatchError(
+    "stdout is closed: what torchwatch had to print there was not written",
+    "run it with an open stdout (or --json PATH for the report)",
+)
+
+
 def _quiet_stdout() -> None:
     """stdout's reader went away: point stdout at /dev/null so the exit's flush cannot fail too
     (the recipe of the Python documentation's note on SIGPIPE)."""
@@ -592,6 +598,7 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
 
     parser = build_parser()
     stops = StopSignals()
+    code = 0
     try:
         args = parser.parse_args(argv)
         if args.command is None:
@@ -649,13 +656,18 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
         else:
             with stops:
                 code = _watch(args, stops)
-        sys.stdout.flush()  # a closed stdout shows here, inside the handlers below
+        if sys.stdout is None:  # started with stdout closed (>&-): what it had to say went nowhere
+            print(_STDOUT_CLOSED.one_line(), file=sys.stderr)
+            code = code or _STDOUT_CLOSED.exit_code
+        else:
+            sys.stdout.flush()  # a closed stdout shows here, inside the handlers below
     except TorchwatchError as exc:
         print(exc.one_line(), file=sys.stderr)
         code = exc.exit_code
     except BrokenPipeError:
         _quiet_stdout()
-        code = 1
+        print(_STDOUT_CLOSED.one_line().replace("stdout is closed", "stdout's reader went away"), file=sys.stderr)
+        code = code or _STDOUT_CLOSED.exit_code
     except KeyboardInterrupt:
         print("torchwatch: interrupted", file=sys.stderr)
         code = 130

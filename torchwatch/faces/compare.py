@@ -98,6 +98,8 @@ def load_report(path: str) -> Report:
         raise UsageError(f"{path} is not JSON{where}", _FIX) from None
     except RecursionError:
         raise UsageError(f"{path} is JSON nested too deeply for a torchwatch report", _FIX) from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise UsageError(f"{path} holds a number too long for a torchwatch report", _FIX) from None
     try:
         return Report.from_json(data)
     except ReportError as exc:
