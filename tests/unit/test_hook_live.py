@@ -184,3 +184,25 @@ def test_detach_injects_past_the_hook_check_and_reports_what_was_left() -> None:
     fake = _FakeInjector(Outcome(True, "", "ptrace", nothing))
     done, line, hint = injecting.detach_hook(fake, 42)  # type: ignore[arg-type]
     assert not done and "no torchwatch hook" in line and hint is not None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"detached": True, "left": 5}, {"detached": "yes"}, {"detached": True, "left": [1]}, ["detached"], 7],
+)
+def test_an_answer_that_is_not_the_hooks_is_a_one_line_refusal(answer: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 49: a planted torchwatch/hook/live.py answering "left": 5 ended root's attach in an internal error
+    fake = _FakeInjector(Outcome(True, "", "ptrace", answer))
+    done, line, hint = injecting.detach_hook(fake, 42)  # type: ignore[arg-type]
+    assert not done and line.startswith("refused: PID 42 answered") and "\n" not in line and hint
+    ok = Outcome(True, "", "ptrace", {"prepared": True})
+    found, lines = _injected(_FakeInjector(ok, Outcome(True, "", "ptrace", answer)), capsys)
+    assert not found.hooked and not found.ours  # nothing of it trusted: watched from outside only
+    assert len(lines) == 1 and "refused: PID 42 answered" in lines[0]
+
+
+def test_an_answers_texts_are_cut_to_one_short_line() -> None:
+    answer = {"detached": True, "left": ["x\n" * 10_000] * 1000, "reason": "y" * 100_000}
+    fake = _FakeInjector(Outcome(True, "", "ptrace", answer))
+    done, line, _ = injecting.detach_hook(fake, 42)  # type: ignore[arg-type]
+    assert done and "\n" not in line and len(line) < 64 * 600

@@ -83,6 +83,49 @@ def _already_hooked(outcome: Outcome) -> str | None:
 
 
 RAN_CHECK_S = 0.5
+_BOOLS = ("installed", "already", "active", "lazy", "signal_owned", "detached", "gone", "prepared", "torch")
+_TEXTS = ("reason", "dir")
+_LISTS = ("left", "errors")
+MAX_ANSWER_ITEMS = 64  # lines of "left"/"errors" kept from an answer
+
+
+def checked_answer(outcome: Outcome) -> tuple[dict[str, Any], str | None]:
+    """The injected call's answer, checked against what :mod:`torchwatch.hook.live` returns:
+    booleans, texts (cut to one short line each) and lists of texts. The answer comes from
+    inside the training, whose own ``sys.path`` may hold a module of that name (a planted
+    ``torchwatch/hook/live.py``): a wrong type is never used.
+
+    Returns:
+        ``(the answer, None)``, or ``({}, why it is not the hook's)``.
+    """
+    from torchwatch.wire import TEXT, clean_text
+
+    value = outcome.value
+    if value is None:
+        return {}, None
+    if not isinstance(value, dict):
+        return {}, f"its answer is a {type(value).__name__}, not the hook's object"
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in _BOOLS and not isinstance(item, bool):
+            return {}, f"its answer's {key!r} is a {type(item).__name__}, not true or false"
+        if key in _TEXTS and not isinstance(item, str):
+            return {}, f"its answer's {key!r} is a {type(item).__name__}, not a text"
+        if key in _LISTS and not (isinstance(item, list) and all(isinstance(x, str) for x in item)):
+            return {}, f"its answer's {key!r} is not a list of texts"
+        if key in _TEXTS:
+            item = clean_text(item, TEXT)
+        elif key in _LISTS:
+            item = [clean_text(x, TEXT) for x in item[:MAX_ANSWER_ITEMS]]
+        out[key] = item
+    return out, None
+
+
+def _not_ours(pid: int, why: str) -> str:
+    return (
+        f"refused: PID {pid} answered with what torchwatch's hook never returns ({why}): a module of its own "
+        "named torchwatch.hook.live on the training's path?"
+    )
 
 
 def _main_thread_counters(pid: int) -> tuple[int, int]:
@@ -125,8 +168,11 @@ def inject_hook(injector: Injector, pid: int) -> Injected:
     if outcome.ok:
         outcome = injector.inject(pid, INSTALL)
     evidence = _already_hooked(outcome)
-    value: dict[str, Any] = outcome.value if isinstance(outcome.value, dict) else {}
-    if evidence is not None:
+    value, bad = checked_answer(outcome)
+    if bad is not None and outcome.ok:
+        found = Injected(pid, False, False, f"torchwatch: watching PID {pid} from outside only ({OUTSIDE_ONLY}): "
+                         + _not_ours(pid, bad))  # fmt: skip
+    elif evidence is not None:
         found = Injected(pid, True, False, f"torchwatch: {evidence}: reading it, nothing injected")
     elif not outcome.ok:
         runs = "" if outcome.method is None else _runs_after_failure(pid)
@@ -211,9 +257,11 @@ def detach_hook(injector: Injector, pid: int) -> tuple[bool, str, str | None]:
         ``(done, one line saying what happened, the fix when not done and the line lacks one)``.
     """
     outcome = injector.inject(pid, DETACH, into_hooked=True)
-    value: dict[str, Any] = outcome.value if isinstance(outcome.value, dict) else {}
+    value, bad = checked_answer(outcome)
     if not outcome.ok:
         return False, f"cannot take the hook out of PID {pid}: {outcome.reason}", None
+    if bad is not None:
+        return False, _not_ours(pid, bad), "take it out by ending the training, or remove that module"
     if not value.get("detached"):
         hint = "only a hook that torchwatch attach injected can be taken out"
         return False, f"nothing taken out of PID {pid}: {value.get('reason')}", hint
