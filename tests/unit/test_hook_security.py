@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -438,3 +439,37 @@ def test_without_its_own_proc_a_namespaced_hook_removes_nothing(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "[]"]
     assert len(list(tw.iterdir())) == 1
+
+
+def test_a_planted_link_on_the_path_is_named_not_permission_denied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 49: with fs.protected_symlinks=1 the kernel refuses (EACCES) to let root follow a link
+    # another user planted in a sticky directory; the refusal read "Permission denied". The
+    # kernel's refusal is simulated here (the sysctl is the machine's, not a test's to change).
+    import errno
+
+    from torchwatch.wire import files
+
+    (tmp_path / "real" / "hooks").mkdir(parents=True)
+    (tmp_path / "planted").symlink_to(tmp_path / "real")
+    target = tmp_path / "planted" / "hooks"
+    real_open = os.open
+
+    def kernel(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fsdecode(path) == str(target):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(files.os, "open", kernel)
+    with pytest.raises(files.Unsafe) as caught:
+        files.open_dir(target, (os.geteuid(),), private=False)
+    assert (
+        str(caught.value) == f"{tmp_path / 'planted'} is a symbolic link (planted?): {target} was not opened through it"
+    )
+    # without a link on the way the error is the kernel's own, unchanged
+    monkeypatch.setattr(
+        files.os, "open", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    )
+    with pytest.raises(PermissionError):
+        files.open_dir(tmp_path / "real" / "hooks", (os.geteuid(),), private=False)

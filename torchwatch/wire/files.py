@@ -102,6 +102,23 @@ def _check_dir(fd: int, shown: str, owners: Collection[int], private: bool) -> o
     return st
 
 
+def _link_on_path(path: str | os.PathLike[str], dir_fd: int | None) -> str | None:
+    """The first component of ``path`` (relative to ``dir_fd`` when given) that is a symbolic
+    link, or ``None``: what a "Permission denied" came from when the kernel refuses to follow
+    a link another user planted in a sticky directory (``fs.protected_symlinks``)."""
+    parts = os.fsdecode(path).split("/")
+    for i in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:i])
+        if not prefix or prefix == parts[0] == "":
+            continue
+        try:
+            if stat.S_ISLNK(os.lstat(prefix, dir_fd=dir_fd).st_mode):
+                return prefix
+        except OSError:
+            return None
+    return None
+
+
 def open_dir(path: str | os.PathLike[str], owners: Collection[int], private: bool, dir_fd: int | None = None) -> int:
     """Open a directory for ``*at`` calls, without following a symbolic link, and check it.
 
@@ -115,7 +132,8 @@ def open_dir(path: str | os.PathLike[str], owners: Collection[int], private: boo
         The descriptor (close it).
 
     Raises:
-        Unsafe: a symbolic link, not a directory, another owner, writable by others.
+        Unsafe: a symbolic link (also one on the way that the kernel refused to follow:
+            ``fs.protected_symlinks``), not a directory, another owner, writable by others.
         OSError: missing or unreadable (passed through).
     """
     shown = os.fsdecode(path)
@@ -128,6 +146,10 @@ def open_dir(path: str | os.PathLike[str], owners: Collection[int], private: boo
             except OSError:
                 link = exc.errno == errno.ELOOP
             raise Unsafe(f"{shown} is {'a symbolic link' if link else 'not a directory'}") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            planted = _link_on_path(path, dir_fd)
+            if planted is not None:  # fs.protected_symlinks refused to follow another user's link
+                raise Unsafe(f"{planted} is a symbolic link (planted?): {shown} was not opened through it") from None
         raise
     try:
         _check_dir(fd, shown, owners, private)
