@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from torchwatch.sources.hook import HookReader
 
 pytestmark = pytest.mark.integration
 SMALL = Path(__file__).with_name("_small_train.py")
+FLOP_TRAIN = Path(__file__).with_name("_flop_train.py")
 WINDOW_S = 10.0  # torchwatch run's default --window: what the report's always-on numbers cover
 
 
@@ -155,3 +157,45 @@ def test_burst_at_schedules_a_burst_and_fail_on_sets_the_exit_code(tmp_path: Pat
     assert (r.code == 3) is (label in ("undetermined", "cpu-bound")), (r.code, label)
     assert r.code in (0, 3)
     assert signal.SIGUSR2  # the scheduled burst needed no signal at all
+
+
+def test_a_burst_leaves_the_dispatch_stack_of_a_training_counting_its_own_flops(tmp_path: Path) -> None:
+    # issue 49: one torchwatch burst left a stale _FlopCounterMode on the training's dispatch-mode
+    # stack, outside its with block, for the rest of the run (modes=[] before, after: its own)
+    stop = tmp_path / "stop"
+    env = {
+        **os.environ,
+        "TORCHWATCH_DIR": str(tmp_path / "hooks"),
+        "TORCHWATCH_TRACE_DIR": str(tmp_path / "traces"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(FLOP_TRAIN), str(stop)], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pid = proc.pid
+        reader = HookReader(pid)
+        deadline = time.monotonic() + 60
+        while (snap := reader.counters()) is None or snap.steps < 5:
+            assert time.monotonic() < deadline and proc.poll() is None, "the training did not step"
+            time.sleep(0.2)
+        burst_json = tmp_path / "burst.json"
+        b = torchwatch("burst", str(pid), "--json", str(burst_json), "--wait", "60", timeout=90)
+        assert b.code == 0, b.stderr
+        summary = json.loads(burst_json.read_text())
+        after = reader.counters()
+        assert after is not None
+        while (snap := reader.counters()) is None or snap.steps < after.steps + 20:  # steps after the burst
+            assert time.monotonic() < deadline + 60 and proc.poll() is None
+            time.sleep(0.2)
+        stop.touch()
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = json.loads(stdout.strip().splitlines()[-1])
+    assert out["stacks"] == [[]], out  # nothing left on the stack outside the training's block
+    assert len(out["flop_counts"]) == 1  # its own count the same on every step, the burst's included
+    assert summary["trace_path"] and "dispatch mode of its own on the stack" in summary["flops_note"], summary
+    assert "_FlopCounterMode" in summary["flops_note"]
