@@ -665,8 +665,7 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
         print(exc.one_line(), file=sys.stderr)
         code = exc.exit_code
     except BrokenPipeError:
-        _quiet_stdout()
-        print(_STDOUT_CLOSED.one_line().replace("stdout is closed", "stdout's reader went away"), file=sys.stderr)
+        _quiet_stdout()  # quietly, as `| head` expects (the Python documentation's note on SIGPIPE)
         code = code or _STDOUT_CLOSED.exit_code
     except KeyboardInterrupt:
         print("torchwatch: interrupted", file=sys.stderr)
