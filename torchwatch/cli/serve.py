@@ -33,7 +33,8 @@ from torchwatch.analysis.rules_engine import Rule, load_rules
 from torchwatch.cli import MAX_PER_USER, MAX_TRAININGS
 from torchwatch.faces.headless import status_line
 from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
-from torchwatch.model.errors import TorchwatchError
+from torchwatch.faces.webconfig import load_web_config
+from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.observation import Observation
 from torchwatch.model.readings import Role
 from torchwatch.model.text import terminal_safe
@@ -261,6 +262,7 @@ def serve_command(
     max_trainings: int = MAX_TRAININGS,
     max_per_user: int = MAX_PER_USER,
     hang_after: float | None = None,
+    web_config: Path | None = None,
 ) -> int:
     """``torchwatch serve``: watch every training found until a stop signal or ``duration``.
 
@@ -273,18 +275,23 @@ def serve_command(
         rules_dirs: ``--rules`` directories.
         max_trainings / max_per_user: the caps of :class:`Fleet`.
         hang_after: ``--hang-after`` seconds (``None``: each process's derived threshold).
+        web_config: ``--web-config-file`` (TLS and basic auth of the metrics server), or ``None``.
 
     Returns:
         0 (a stop signal makes the caller end by it).
 
     Raises:
-        TorchwatchError: bad rules, or the metrics address cannot be bound.
+        TorchwatchError: bad rules, a bad web config (``UsageError``), or the metrics address
+            cannot be bound.
     """
+    if web_config is not None and listen is None:
+        raise UsageError("--web-config-file protects --prometheus", "give --prometheus [HOST:]PORT too")
+    web = load_web_config(web_config) if web_config is not None else None
     rules = load_rules(rules_dirs or [])
     fleet = Fleet(rules, window_s, max_trainings, max_per_user, hang_after)
     server = None
     if listen is not None:
-        server = MetricsServer(ObservationCollector(fleet.observations, node_name()), *listen)
+        server = MetricsServer(ObservationCollector(fleet.observations, node_name()), *listen, web=web)
         print(f"torchwatch serve: Prometheus metrics on {server.url}", file=sys.stderr)
     print(
         f"torchwatch serve: looking for PyTorch trainings every {scan_s:g} s (Python interpreters that imported "

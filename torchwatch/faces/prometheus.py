@@ -1,9 +1,8 @@
 """The Prometheus exporter: ``/metrics`` rendered from the latest Observation at scrape time.
 
 The metrics are a pure function of the Observations (:func:`metric_families`); the HTTP side is
-``prometheus_client``'s WSGI application in a bounded server (:class:`MetricsServer`: a few
-connections at once, each cut after a deadline, so idle or slow clients of any local user cannot
-pile up threads), with a custom collector
+``prometheus_client``'s WSGI application behind a server that idle, slow or many clients cannot
+blind (:class:`MetricsServer`, :mod:`torchwatch.faces.metrics_http`), with a custom collector
 (:class:`ObservationCollector`) that asks for the latest Observations when Prometheus scrapes, so
 nothing is computed between scrapes.
 
@@ -41,26 +40,21 @@ import ipaddress
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from torchwatch.faces.metrics_http import HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S, HttpServer
+from torchwatch.faces.webconfig import WebConfig
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.hang import HangView
 from torchwatch.model.observation import FeatureSpec, GpuRow, Observation, ProcessRow, RankView
 
 __all__ = [
-    "BACKLOG",
     "HANG_STATES",
-    "MAX_CONNECTIONS",
     "PREFIX",
     "RANK_LABELS",
-    "REQUEST_TIMEOUT_S",
     "TARGET_LABELS",
     "MetricsServer",
     "ObservationCollector",
@@ -604,118 +598,19 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET
 
 
-# Bounds of the metrics server. Prometheus scrapes a target over one connection at a time (an
-# HA pair of servers: two), so a few connections at once are plenty; each is served by a thread.
-MAX_CONNECTIONS = 8
-# A connection not answered and closed this long after it was accepted is cut: Prometheus' own
-# default scrape_timeout is 10 s, after which it has given up on the scrape anyway. It bounds an
-# idle or trickling client (slowloris) as much as a reader that never reads the answer.
-REQUEST_TIMEOUT_S = 10.0
-# Connections the kernel queues until they are accepted (socketserver's default is 5): the
-# accept loop only ever waits on the queue, so a burst of connects waits there, not in threads.
-BACKLOG = 128
-_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nbusy\n"
-
-
-class _SilentHandler(WSGIRequestHandler):
-    """The WSGI request handler, without its access log; every socket operation of a connection
-    times out after :data:`REQUEST_TIMEOUT_S` (``StreamRequestHandler.timeout``)."""
-
-    timeout = REQUEST_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log nothing (a scrape a second would flood stderr)."""
-
-
-class _BoundedServer(ThreadingMixIn, WSGIServer):
-    """A threading WSGI server that serves at most ``max_connections`` connections at once (one
-    more is answered 503 and closed at once, never given a thread) and cuts every connection
-    ``deadline_s`` after it was accepted, whatever the client does (checked by the accept loop,
-    :meth:`service_actions`, about every half second)."""
-
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = BACKLOG
-
-    def __init__(
-        self, address: tuple[str, int], handler: type[WSGIRequestHandler], max_connections: int, deadline_s: float
-    ) -> None:
-        self.deadline_s = deadline_s
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._open: dict[socket.socket, float] = {}  # connection -> when to cut it (monotonic s)
-        self._open_lock = threading.Lock()
-        self.accepted = 0  # connections accepted so far
-        self.refused = 0  # of them, answered 503 because max_connections were open
-        super().__init__(address, handler)
-
-    @property
-    def open_connections(self) -> int:
-        """Connections being served now."""
-        with self._open_lock:
-            return len(self._open)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve ``request`` in a thread of its own if a slot is free; else 503 and close it."""
-        self.accepted += 1
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            with contextlib.suppress(OSError):
-                request.setblocking(False)
-                request.send(_BUSY)
-            self.shutdown_request(request)
-            return
-        with self._open_lock:
-            self._open[request] = time.monotonic() + self.deadline_s
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._release(request)
-            self.shutdown_request(request)
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve one connection (in its thread), then give its slot back."""
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release(request)
-
-    def _release(self, request: Any) -> None:
-        with self._open_lock:
-            held = self._open.pop(request, None) is not None
-        if held:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed (timed out, cut, reset) is the client's business: a debug
-        record, never a traceback on stderr (socketserver's default)."""
-        log.debug("metrics connection from %s failed", client_address, exc_info=True)
-
-    def service_actions(self) -> None:
-        """Cut the connections past their deadline (their reads and writes then fail at once)."""
-        self.cut(time.monotonic())
-
-    def cut(self, now: float) -> None:
-        """Shut down every connection whose deadline is at or before ``now`` (monotonic s)."""
-        with self._open_lock:
-            late = [conn for conn, deadline in self._open.items() if deadline <= now]
-        for conn in late:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-
-
 class MetricsServer:
-    """``/metrics`` over HTTP on ``host:port``, in a daemon thread (``prometheus_client``'s WSGI
-    application in a bounded server: at most ``max_connections`` connections at once, each cut
-    ``request_timeout_s`` after it was accepted, a listen backlog of :data:`BACKLOG`).
+    """``/metrics`` over HTTP(S) on ``host:port``, in daemon threads: ``prometheus_client``'s WSGI
+    application behind :class:`~torchwatch.faces.metrics_http.HttpServer` (no thread per
+    connection, a header deadline, bounds per client address and in all: idle clients cannot keep
+    a scrape out; that module's docstring has the numbers and why).
 
     Args:
         collector: what a scrape renders.
         host / port: where to listen (see :func:`parse_listen`).
-        max_connections: connections served at once (:data:`MAX_CONNECTIONS`); one more is
-            answered ``503`` and closed without a thread.
-        request_timeout_s: seconds a connection may last, and each of its reads and writes
-            (:data:`REQUEST_TIMEOUT_S`).
+        web: TLS and basic auth (:class:`~torchwatch.faces.webconfig.WebConfig`, from
+            ``--web-config-file``); ``None``: plain HTTP, no authentication.
+        header_timeout_s / request_timeout_s: the deadlines of
+            :class:`~torchwatch.faces.metrics_http.HttpServer`.
 
     Raises:
         TorchwatchError: the port is in use, or the address cannot be bound (one line with the fix).
@@ -727,7 +622,8 @@ class MetricsServer:
         host: str,
         port: int,
         *,
-        max_connections: int = MAX_CONNECTIONS,
+        web: WebConfig | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         from prometheus_client.exposition import make_wsgi_app
@@ -735,45 +631,36 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         self.host, self.port = host, port
-        self._stopped = threading.Event()
-
-        class Handler(_SilentHandler):
-            timeout = request_timeout_s
-
+        self.tls = web is not None and web.tls is not None
         try:
             family, address = _best_family(host, port)
-
-            class Server(_BoundedServer):
-                address_family = family
-
-            server = Server((address, port), Handler, max_connections, request_timeout_s)
+            self._server = HttpServer(
+                make_wsgi_app(registry),
+                family,
+                address,
+                port,
+                tls=None if web is None else web.tls,
+                authorize=None if web is None else web.authorize,
+                header_timeout_s=header_timeout_s,
+                request_timeout_s=request_timeout_s,
+            )
         except OSError as exc:
             raise _bind_error(exc, host, port) from None
-        server.set_app(make_wsgi_app(registry))
-        self._server: _BoundedServer = server
-        self._thread = threading.Thread(target=server.serve_forever, name="torchwatch-metrics", daemon=True)
-        self._thread.start()
 
     @property
     def url(self) -> str:
-        """``http://HOST:PORT/metrics``."""
+        """``http[s]://HOST:PORT/metrics``."""
         host = f"[{self.host}]" if _family(self.host) == socket.AF_INET6 else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/metrics"
 
     @property
-    def server(self) -> _BoundedServer:
-        """The HTTP server (its counters: ``accepted``, ``refused``, ``open_connections``)."""
+    def server(self) -> HttpServer:
+        """The HTTP server (its counters: ``accepted``, ``evicted``, ``timed_out``, ``open_connections``)."""
         return self._server
 
     def stop(self) -> None:
-        """Stop serving, cut the connections still open and close the socket (idempotent)."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        self._server.shutdown()
-        self._server.cut(float("inf"))
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        """Stop serving, close the connections still open and the socket (idempotent)."""
+        self._server.stop()
 
 
 def _best_family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
