@@ -8,10 +8,11 @@ file descriptor and a buffer of at most :data:`MAX_HEADER_BYTES`, and
 
 - it must send its whole request within :data:`HEADER_TIMEOUT_S` of being accepted (Prometheus
   sends it at once), and be done within :data:`REQUEST_TIMEOUT_S` (its answer read), or it is cut;
-- at most :data:`MAX_PER_CLIENT` connections of one address, :data:`MAX_OPEN` in all, are open: a new
-  one beyond either bound closes the *oldest connection still sending its request* (of that address,
-  else of all), never the new one, so a scrape, whose request follows its connect within the
-  millisecond, always gets in;
+- at most :data:`MAX_OPEN` connections are open: a new one beyond closes the *oldest connection still
+  sending its request of the address that holds the most*, never the new one. A scrape from another
+  address than the clients that fill the server always gets in; one from the same address (a local
+  user on the node that Prometheus also scrapes from) gets in unless :data:`MAX_OPEN` newer
+  connections come between its connect and its request, which Prometheus writes at once;
 - at most :data:`MAX_REQUESTS_PER_CLIENT` requests of one address are rendered or written at once:
   another is answered ``503`` at once.
 
@@ -50,7 +51,6 @@ __all__ = [
     "HEADER_TIMEOUT_S",
     "MAX_HEADER_BYTES",
     "MAX_OPEN",
-    "MAX_PER_CLIENT",
     "MAX_REQUESTS_PER_CLIENT",
     "REQUEST_TIMEOUT_S",
     "HttpServer",
@@ -66,9 +66,6 @@ REQUEST_TIMEOUT_S = 10.0
 # 512 is ~8 MiB at worst, and under systemd's and most containers' 1024-descriptor soft limit with
 # room for the sessions' own files.
 MAX_OPEN = 512
-# Connections of one client address open at once: Prometheus scrapes a target over one connection
-# at a time (an HA pair of servers behind one NAT: two); 64 leaves a node's other tools room.
-MAX_PER_CLIENT = 64
 # Requests of one client address being rendered or written at once (one scrape, and one of an HA
 # partner behind the same address).
 MAX_REQUESTS_PER_CLIENT = 2
@@ -124,9 +121,9 @@ class HttpServer:
         tls: wrap every connection in TLS with this server-side context; ``None``: plain HTTP.
         authorize: ``Authorization`` header value (``None`` when absent) -> whether the request may
             be answered; ``None``: every request may. A refused one is answered ``401``.
-        header_timeout_s / request_timeout_s / max_open / max_per_client / max_requests_per_client:
-            the bounds (:data:`HEADER_TIMEOUT_S`, :data:`REQUEST_TIMEOUT_S`, :data:`MAX_OPEN`,
-            :data:`MAX_PER_CLIENT`, :data:`MAX_REQUESTS_PER_CLIENT`).
+        header_timeout_s / request_timeout_s / max_open / max_requests_per_client: the bounds
+            (:data:`HEADER_TIMEOUT_S`, :data:`REQUEST_TIMEOUT_S`, :data:`MAX_OPEN`,
+            :data:`MAX_REQUESTS_PER_CLIENT`).
 
     Raises:
         OSError: the address cannot be bound.
@@ -144,12 +141,11 @@ class HttpServer:
         header_timeout_s: float = HEADER_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         max_open: int = MAX_OPEN,
-        max_per_client: int = MAX_PER_CLIENT,
         max_requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
     ) -> None:
         self._app, self._tls, self._authorize = app, tls, authorize
         self.header_timeout_s, self.request_timeout_s = header_timeout_s, request_timeout_s
-        self.max_open, self.max_per_client = max_open, max_per_client
+        self.max_open = max_open
         self.max_requests_per_client = max_requests_per_client
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -172,7 +168,6 @@ class HttpServer:
         self._sel.register(listener, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._conns: dict[socket.socket, _Conn] = {}
-        self._per_client: collections.Counter[str] = collections.Counter()
         self._requests: collections.Counter[str] = collections.Counter()
         self._render_q: collections.deque[tuple[_Conn, dict[str, Any], str | None]] = collections.deque()
         self._render_cv = threading.Condition()
@@ -263,8 +258,6 @@ class HttpServer:
                 raise
             client = str(peer[0]) if isinstance(peer, tuple) else ""
             sock.setblocking(False)
-            if self._per_client[client] >= self.max_per_client:
-                self._evict(client)
             if len(self._conns) >= self.max_open:
                 self._evict(None)
             conn = _Conn(sock, client, time.monotonic())
@@ -278,16 +271,17 @@ class HttpServer:
             with self._lock:
                 self._conns[conn.sock] = conn
                 self.accepted += 1
-            self._per_client[client] += 1
             self._want(conn, selectors.EVENT_READ)
+            if conn.state == "head":
+                self._step(conn, selectors.EVENT_READ)  # a scrape's request is often there already
 
     def _evict(self, client: str | None) -> bool:
-        """Close the oldest connection still sending its request (of ``client``, else of anyone)."""
-        waiting = [
-            c
-            for c in self._conns.values()
-            if c.state in ("handshake", "head") and (client is None or c.client == client)
-        ]
+        """Close the oldest connection still sending its request of ``client`` (``None``: of the
+        address holding the most such connections); False when there is none."""
+        waiting = [c for c in self._conns.values() if c.state in ("handshake", "head")]
+        if client is None and waiting:
+            client = collections.Counter(c.client for c in waiting).most_common(1)[0][0]
+        waiting = [c for c in waiting if c.client == client]
         if not waiting:
             return False
         self._close(min(waiting, key=lambda c: c.accepted))
@@ -310,9 +304,6 @@ class HttpServer:
         with self._lock:
             if self._conns.pop(conn.sock, None) is None:
                 return
-        self._per_client[conn.client] -= 1
-        if self._per_client[conn.client] <= 0:
-            del self._per_client[conn.client]
         if conn.counted:
             conn.counted = False
             self._requests[conn.client] -= 1
