@@ -50,6 +50,7 @@ from torchwatch.faces.webconfig import WebConfig
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.hang import HangView
 from torchwatch.model.observation import FeatureSpec, GpuRow, Observation, ProcessRow, RankView
+from torchwatch.model.origin import Origin
 
 __all__ = [
     "HANG_STATES",
@@ -105,9 +106,12 @@ def feature_metric(spec: FeatureSpec) -> tuple[str, float]:
     return f"{PREFIX}_feature_{base}{suffix}", factor
 
 
-RANK_LABELS = ("training_job", "host", "rank", "local_rank", "world_size")
+OWNER_LABELS = ("training_job", "uid", "container_id", "pod_uid")
+"""Whose training a series is of: the job key, and what the kernel says of the training's owner
+(:class:`~torchwatch.model.origin.Origin`: real uid, container, pod), which its environment cannot claim."""
+RANK_LABELS = (*OWNER_LABELS, "host", "rank", "local_rank", "world_size")
 """The labels of every per-rank series: what a rule compares across the nodes of a job."""
-TARGET_LABELS = ("training_job", "host")
+TARGET_LABELS = (*OWNER_LABELS, "host")
 """The labels of every per-training series (one node's view of the job)."""
 _GPU_LABELS = ("gpu", "uuid", "name", "host")
 _HW_LABELS = ("hw_id", "hw_name", "hw_type", "host")
@@ -131,10 +135,49 @@ def _job(view: RankView) -> str:
 
 
 def training_job(o: Observation) -> str:
-    """The ``training_job`` label of ``o``: the job key its ranks' hooks published (the first
-    rank that says), else ``pid:PID`` of the process watched (a training with no job identity;
-    see the module docstring for why that stays bounded)."""
+    """The job key ``o``'s ranks' hooks published (the first rank that says), else ``pid:PID`` of
+    the process watched (a training with no job identity; see the module docstring for why that
+    stays bounded). What is exported is checked first: :func:`job_keys`."""
     return next((_job(v) for _, v in sorted(o.ranks.items()) if _job(v)), "") or f"pid:{o.target.pid}"
+
+
+def job_keys(
+    observations: Sequence[Observation], origins: Mapping[int, Origin]
+) -> tuple[dict[int, str], list[tuple[int, str, str]]]:
+    """The ``training_job`` label of each training, and the job keys refused.
+
+    A key is the training's own to publish (``TORCHWATCH_JOB`` and the launchers' variables are its
+    environment), so two checks hold it to what the kernel says:
+
+    - a ``pid:`` key is torchwatch's own (a training with no job key); published by a hook it
+      claims another process's label set: refused;
+    - a key another training on this node already exports under another uid (``origins``; the
+      trainings in the order given, the order serve started watching them) is refused: one user
+      cannot join another's job on the node. Ranks of one job under one user in several
+      containers (one pod per rank) share it.
+
+    A refused key is exported as ``pid:PID`` of the training.
+
+    Returns:
+        ``({training's PID: training_job}, [(training's PID, the key refused, why)])``.
+    """
+    keys: dict[int, str] = {}
+    refused: list[tuple[int, str, str]] = []
+    owner: dict[str, int | None] = {}
+    for o in observations:
+        pid = o.target.pid
+        own = f"pid:{pid}"
+        key = training_job(o)
+        uid = origins.get(pid, Origin()).uid
+        if key != own and key.startswith("pid:"):
+            refused.append((pid, key, "a pid: key is torchwatch's own, for a training with no job key"))
+            key = own
+        elif key in owner and owner[key] != uid:
+            refused.append((pid, key, f"a training of uid {owner[key]} on this node exports that job key"))
+            key = own
+        owner.setdefault(key, uid)
+        keys[pid] = key
+    return keys, refused
 
 
 def _processes(o: Observation) -> dict[int, ProcessRow]:
@@ -178,9 +221,10 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else value / 100.0
 
 
-def _rank_labels(o: Observation, rank: int, view: RankView, job: str, host: str) -> tuple[str, ...]:
+def _rank_labels(o: Observation, rank: int, view: RankView, who: tuple[str, ...], host: str) -> tuple[str, ...]:
     """The :data:`RANK_LABELS` values of one rank (a process shown alone keeps the rank its hook
-    knows: a rank watched by itself is not rank 0 of its job)."""
+    knows: a rank watched by itself is not rank 0 of its job); ``who``: the training's
+    :data:`OWNER_LABELS` values, the same for each of its ranks."""
     info = view.rank_info
     if len(o.ranks) == 1 and info is not None and info.rank is not None:
         rank = info.rank
@@ -188,7 +232,7 @@ def _rank_labels(o: Observation, rank: int, view: RankView, job: str, host: str)
     world = info.world_size if info is not None and info.world_size is not None else None
     if world is None and view.reading is not None:
         world = view.reading.world_size
-    return (_job(view) or job, host, str(rank), local, str(world if world is not None else len(o.ranks)))
+    return (*who, host, str(rank), local, str(world if world is not None else len(o.ranks)))
 
 
 def _live_hang(o: Observation) -> HangView | None:
@@ -196,7 +240,9 @@ def _live_hang(o: Observation) -> HangView | None:
     return o.hang if o.hang is not None and o.hang.state in ("hang", "dumping") else None
 
 
-def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> dict[int, tuple[str, ...]]:
+def _rank_metrics(
+    out: _Families, obs: Sequence[Observation], o: Observation, who: tuple[str, ...], host: str
+) -> dict[int, tuple[str, ...]]:
     """Per rank: the step's parts (medians over the window), steps, CPU, RSS, device memory and the
     rank's own verdict: the series a rule compares across the nodes of a job.
 
@@ -204,12 +250,11 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
         ``{rank's PID: its label values}`` of the ranks exported.
     """
     procs = _processes(o)
-    job = training_job(o)
     exported: dict[int, tuple[str, ...]] = {}
     for rank, view in sorted(o.ranks.items()):
         if view.pid is None and view.reading is None and view.steps.steps is None:
             continue  # nothing known of it yet
-        labels = _rank_labels(o, rank, view, job, host)
+        labels = _rank_labels(o, rank, view, who, host)
         steps, reading = view.steps, view.reading
         proc = procs.get(view.pid) if view.pid is not None else None
 
@@ -280,7 +325,7 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
             mem.reserved_bytes,
         )
         verdict = view.verdict
-        if verdict is not None and (len(o.ranks) > 1 or labels[4] not in ("", "1")):
+        if verdict is not None and (len(o.ranks) > 1 or labels[-1] not in ("", "1")):
             top = view.findings[0].rule if view.findings else ""
             out.add(
                 f"{PREFIX}_rank_verdict",
@@ -295,7 +340,12 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
 
 
 def _rank_hang_metrics(
-    out: _Families, o: Observation, host: str, exported: Mapping[int, tuple[str, ...]], seen: dict[int, tuple[str, ...]]
+    out: _Families,
+    o: Observation,
+    who: tuple[str, ...],
+    host: str,
+    exported: Mapping[int, tuple[str, ...]],
+    seen: dict[int, tuple[str, ...]],
 ) -> None:
     """Per rank, the stall / hang recorder's state: ``torchwatch_rank_hang`` (0 or 1, there for every
     rank exported, so an alert has a series), ``torchwatch_stall_seconds`` of the rank whose step
@@ -312,11 +362,11 @@ def _rank_hang_metrics(
     seen.clear()
     seen.update(kept)
     seen.update(exported)
-    world = next((labels[4] for labels in exported.values()), str(len(o.ranks)))
+    world = next((labels[-1] for labels in exported.values()), str(len(o.ranks)))
 
     def labels_of(pid: int, rank: int | None) -> tuple[str, ...]:
         got = seen.get(pid)
-        return got if got is not None else (training_job(o), host, str(rank if rank is not None else 0), "", world)
+        return got if got is not None else (*who, host, str(rank if rank is not None else 0), "", world)
 
     for pid, labels in exported.items():
         own = live is not None and pid == live.pid
@@ -415,9 +465,9 @@ def _hw_gpu_metrics(out: _Families, row: GpuRow, hw_id: str, host: str) -> None:
     out.add("hw_power_watts", "OpenTelemetry hw.power (hw.type=gpu): board power draw", _HW_LABELS, labels, row.power_w)
 
 
-def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
+def _verdict_metrics(out: _Families, o: Observation, who: tuple[str, ...], host: str) -> None:
     """The verdict as a labelled gauge, its confidence, the straggler's score, and every feature."""
-    labels = (training_job(o), host)
+    labels = (*who, host)
     if o.verdict is not None:
         top = o.findings[0].rule if o.findings else ""
         out.add(
@@ -514,7 +564,11 @@ def _self_metrics(out: _Families, obs: Sequence[Observation], host: str) -> None
 
 
 def metric_families(
-    observations: Iterable[Observation], host: str, seen: dict[int, dict[int, tuple[str, ...]]] | None = None
+    observations: Iterable[Observation],
+    host: str,
+    seen: dict[int, dict[int, tuple[str, ...]]] | None = None,
+    origins: Mapping[int, Origin] | None = None,
+    refused: list[tuple[int, str, str]] | None = None,
 ) -> list[Metric]:
     """Every metric of ``observations`` (one per watched training), as Prometheus metric families.
 
@@ -527,6 +581,9 @@ def metric_families(
         seen: ``{training's PID: {rank's PID: label values}}`` kept from one scrape to the next
             (:class:`ObservationCollector` holds it): the labels of a rank the live hang names after
             it left the Observation's ranks. Trainings no longer watched are dropped from it.
+        origins: ``{training's PID: its Origin}`` (uid, container, pod; read when it was first
+            watched); a training not in it has its owner labels empty.
+        refused: when given, the job keys refused (:func:`job_keys`) are appended to it.
 
     Returns:
         Gauge and counter families; ``torchwatch_targets`` (trainings watched) is always there.
@@ -537,10 +594,15 @@ def metric_families(
     memo = {} if seen is None else seen
     for gone in set(memo) - {o.target.pid for o in obs}:
         del memo[gone]
+    owners = origins or {}
+    keys, bad = job_keys(obs, owners)
+    if refused is not None:
+        refused.extend(bad)
     for o in obs:
-        _verdict_metrics(out, o, host)
-        exported = _rank_metrics(out, obs, o, host)
-        _rank_hang_metrics(out, o, host, exported, memo.setdefault(o.target.pid, {}))
+        who = (keys[o.target.pid], *owners.get(o.target.pid, Origin()).labels())
+        _verdict_metrics(out, o, who, host)
+        exported = _rank_metrics(out, obs, o, who, host)
+        _rank_hang_metrics(out, o, who, host, exported, memo.setdefault(o.target.pid, {}))
         _gpu_metrics(out, obs, o, host)
     if obs:
         _self_metrics(out, obs, host)
@@ -553,18 +615,44 @@ class ObservationCollector(Collector):
     Args:
         latest: returns the latest Observations (cheap: a session's ``latest_observation``).
         host: the ``host`` label.
+        origins: returns ``{training's PID: Origin}`` of the trainings watched (read once each, when
+            first watched: serve's :class:`~torchwatch.cli.serve.Fleet`); ``None``: owners unknown.
+
+    A job key refused (:func:`job_keys`) is logged once per training and key, as a warning.
     """
 
-    def __init__(self, latest: Callable[[], Iterable[Observation | None]], host: str) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Iterable[Observation | None]],
+        host: str,
+        origins: Callable[[], Mapping[int, Origin]] | None = None,
+    ) -> None:
         self._latest = latest
         self._host = host
+        self._origins = origins
         self._seen: dict[int, dict[int, tuple[str, ...]]] = {}
+        self._said: set[tuple[int, str]] = set()
         self._lock = threading.Lock()  # two scrapes at once (an HA pair) share the labels seen
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the Observations there are now (a training not analysed yet has none)."""
+        refused: list[tuple[int, str, str]] = []
         with self._lock:
-            families = metric_families((o for o in self._latest() if o is not None), self._host, self._seen)
+            obs = [o for o in self._latest() if o is not None]
+            origins = self._origins() if self._origins is not None else {}
+            families = metric_families(obs, self._host, self._seen, origins, refused)
+            live = {o.target.pid for o in obs}
+            self._said = {said for said in self._said if said[0] in live}
+            for pid, key, why in refused:
+                if (pid, key) not in self._said:
+                    self._said.add((pid, key))
+                    log.warning(
+                        "training PID %d publishes job key %r: refused (%s); exported as training_job=pid:%d",
+                        pid,
+                        key,
+                        why,
+                        pid,
+                    )
         yield from families
 
 
