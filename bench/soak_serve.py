@@ -99,6 +99,12 @@ def main() -> int:
     failed = scrapes = 0
     try:
         serve = _find(node.pid, "serve")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # serve listening (it imports and binds in a second or two)
+            with contextlib.suppress(OSError):
+                _scrape(url)
+                break
+            time.sleep(0.5)
         t0 = time.monotonic()
         next_sample = 0.0
         targets = 0
