@@ -7,7 +7,10 @@
 # PrologFlags=Alloc it runs at a node's first job step instead, which is as good here.
 #
 # TORCHWATCH      the torchwatch command (default /opt/torchwatch/bin/torchwatch)
-# TORCHWATCH_PORT where serve listens (default 9400)
+# TORCHWATCH_PORT where serve listens (default 9400), on TORCHWATCH_ADDR (default the node's first
+#                 address, hostname -i): the address Prometheus scrapes, not every address of the node
+# TORCHWATCH_WEB  the web config of TLS and basic auth (default /etc/torchwatch/web.yml; docs/security.md),
+#                 used when that file is there
 # TORCHWATCH_SD   a directory Prometheus reads file_sd targets from (deploy/prometheus/prometheus.yml:
 #                 /etc/prometheus/torchwatch.d on a shared filesystem); unset: no target file
 # TORCHWATCH_RUN  serve's pid file, lock and log (default /run/torchwatch-serve)
@@ -20,6 +23,8 @@ set -u
 set -o noclobber
 TORCHWATCH=${TORCHWATCH:-/opt/torchwatch/bin/torchwatch}
 PORT=${TORCHWATCH_PORT:-9400}
+ADDR=${TORCHWATCH_ADDR:-$(hostname -i 2>/dev/null | awk '{print $1}')}
+WEB=${TORCHWATCH_WEB:-/etc/torchwatch/web.yml}
 RUN=${TORCHWATCH_RUN:-/run/torchwatch-serve}
 NODE=$(hostname -s)
 say() { logger -t torchwatch-prolog -- "$*" 2>/dev/null || true; }
@@ -43,7 +48,10 @@ root_only() {
     else
         pid=$(cat "$RUN/serve.pid" 2>/dev/null)
         if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
-            setsid "$TORCHWATCH" serve --prometheus "0.0.0.0:$PORT" </dev/null >>"$RUN/serve.log" 2>&1 9>&- &  # not the lock
+            web=()
+            if [ -f "$WEB" ]; then web=(--web-config-file "$WEB"); fi
+            setsid "$TORCHWATCH" serve --prometheus "${ADDR:-127.0.0.1}:$PORT" "${web[@]}" \
+                </dev/null >>"$RUN/serve.log" 2>&1 9>&- &  # not the lock
             echo $! >|"$RUN/serve.pid"
         fi
     fi
