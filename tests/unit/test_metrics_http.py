@@ -147,7 +147,9 @@ def test_a_reader_that_never_reads_its_answer_holds_no_place_of_a_scrape(server:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             stuck.append(s)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 5  # every request read (a loaded machine takes a while)
+        while server.server.busy < 18 and time.monotonic() < deadline:
+            time.sleep(0.05)
         status, body = _get(server.port, "127.0.0.2")  # the scraper: another address
         assert status == 200 and b"torchwatch_step_time_seconds" in body
         assert server.server.busy >= 18  # beyond two in flight, one address is told 503 at once
