@@ -11,14 +11,17 @@ name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1, ``_watts``), counters end i
 Help texts are the feature catalogue's where a metric is a feature. Labels (docs/fleet.md has the
 table, and how Prometheus compares the ranks of a job across nodes with them):
 
-- per rank (:data:`RANK_LABELS`): ``training_job``, ``host``, ``rank``, ``local_rank``,
-  ``world_size``. ``training_job`` is the key every rank of the job shares on every node
+- per rank (:data:`RANK_LABELS`): ``training_job``, ``uid``, ``container_id``, ``pod_uid``, ``host``,
+  ``rank``, ``local_rank``, ``world_size``. ``uid``, ``container_id`` and ``pod_uid`` are the
+  training's owner as the kernel says (:class:`~torchwatch.model.origin.Origin`), which its
+  environment cannot claim; a job key that claims another's is refused (:func:`job_keys`).
+  ``training_job`` is the key every rank of the job shares on every node
   (:func:`torchwatch.hook.ranks.job_from_env`: ``TORCHWATCH_JOB``, ``TORCHELASTIC_RUN_ID``, the
   rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, ``slurm:JOB.STEP``; else the hook's spawn or
   ``init_method`` key; else ``pid:PID`` for a training with no job identity at all). It is not
   ``job``: Prometheus sets ``job`` to the scrape job's name and renames a scraped ``job`` label
   to ``exported_job``. ``host`` is the node (:func:`torchwatch.cli.serve.node_name`);
-- per training (:data:`TARGET_LABELS`): ``training_job``, ``host``;
+- per training (:data:`TARGET_LABELS`): ``training_job``, ``uid``, ``container_id``, ``pod_uid``, ``host``;
 - per GPU: ``gpu`` (NVML index), ``uuid``, ``name``, ``host``; the OpenTelemetry-named copies
   (``hw_gpu_*``, ``hw_power_watts``) carry ``hw_id`` (the UUID), ``hw_name``, ``hw_type``, ``host``;
 - bounded enumerations: ``label`` (the verdict labels), ``top_finding`` (rule ids), ``state``
@@ -54,12 +57,14 @@ from torchwatch.model.origin import Origin
 
 __all__ = [
     "HANG_STATES",
+    "OWNER_LABELS",
     "PREFIX",
     "RANK_LABELS",
     "TARGET_LABELS",
     "MetricsServer",
     "ObservationCollector",
     "feature_metric",
+    "job_keys",
     "metric_families",
     "parse_listen",
     "training_job",
