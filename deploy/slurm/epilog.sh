@@ -1,12 +1,19 @@
 #!/bin/bash
 # Slurm Epilog: stop this node's torchwatch serve once its last job ended (prolog.sh started it).
 # Runs as root on every node of the job after it ends; always exits 0 (a failing epilog drains the node).
+# The pid file is believed only in a directory of root's that root alone can write (prolog.sh).
 set -u
-RUN=/run/torchwatch-serve
+RUN=${TORCHWATCH_RUN:-/run/torchwatch-serve}
 NODE=$(hostname -s)
+root_only() {
+    [ -d "$1" ] && [ ! -L "$1" ] || return 1
+    local owner mode
+    owner=$(stat -c %u -- "$1") && mode=$(stat -c %a -- "$1") || return 1
+    [ "$owner" = 0 ] && [ $((8#$mode & 8#022)) = 0 ]
+}
 {
-    [ -d "$RUN" ] || exit 0
-    exec 9>"$RUN/lock" && flock -w 30 9 || exit 0
+    root_only "$RUN" || exit 0
+    exec 9>>"$RUN/lock" && flock -w 30 9 || exit 0
     rm -f "$RUN/job.${SLURM_JOB_ID:-unknown}"
     if ! compgen -G "$RUN/job.*" >/dev/null; then
         if systemctl cat torchwatch-serve.service >/dev/null 2>&1; then
@@ -19,7 +26,7 @@ NODE=$(hostname -s)
             kill -KILL "$pid" 2>/dev/null
         fi
         rm -f "$RUN/serve.pid"
-        if [ -n "${TORCHWATCH_SD:-}" ]; then rm -f "$TORCHWATCH_SD/$NODE.json"; fi
+        if [ -n "${TORCHWATCH_SD:-}" ] && root_only "$TORCHWATCH_SD"; then rm -f "$TORCHWATCH_SD/$NODE.json"; fi
     fi
 } >/dev/null 2>&1
 exit 0

@@ -18,17 +18,13 @@ import json
 import logging
 import os
 import resource
-import select
 import shutil
-import socket
 import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import types
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +34,12 @@ import pytest
 
 from tests import users
 from tests.unit.test_hang import _reading, _view
-from tests.unit.test_prometheus import free_port, two_ranks
 from tests.unit.test_report import analysed, features, observation
 from torchwatch.cli import configure_logging, main
 from torchwatch.cli.drive import _emit, _write_hang_file, check_trace_path
 from torchwatch.cli.serve import Fleet
 from torchwatch.faces import report
 from torchwatch.faces.headless import status_line
-from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.readings import Role, Status
 from torchwatch.sources.hook import HookSource
@@ -348,62 +342,7 @@ def test_a_process_named_like_markup_does_not_crash_the_tui() -> None:
     assert app.return_code in (None, 0)
 
 
-# -- the metrics server: bounded connections, each with a deadline ---------------------------------------
-def _closed_by_server(sock: socket.socket) -> bool:
-    """Whether the server answered (503) or closed ``sock`` (readable, then EOF or reset)."""
-    try:
-        data = sock.recv(4096)
-    except (ConnectionResetError, TimeoutError, BlockingIOError):
-        return True
-    return data == b"" or data.startswith(b"HTTP/1.0 503")
-
-
-def _handler_threads() -> int:
-    return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
-
-
-def test_idle_connections_get_no_thread_beyond_the_cap_and_scrapes_still_work() -> None:
-    from torchwatch.faces.prometheus import MAX_CONNECTIONS
-
-    port = free_port()
-    server = MetricsServer(ObservationCollector(lambda: [two_ranks()], "node1"), "127.0.0.1", port)
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(60):  # an unprivileged user's idle connections (the report: ~160 made 165 threads)
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        # every connection beyond the cap is answered at once: readable within the deadline
-        closed: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(closed) < len(socks) - MAX_CONNECTIONS and time.monotonic() < deadline:
-            ready, _, _ = select.select([s for i, s in enumerate(socks) if i not in closed], [], [], 1.0)
-            for s in ready:
-                if _closed_by_server(s):
-                    closed.add(socks.index(s))
-        assert len(closed) >= len(socks) - MAX_CONNECTIONS, len(closed)
-        assert _handler_threads() <= MAX_CONNECTIONS
-    finally:
-        for s in socks:
-            s.close()
-    try:
-        deadline = time.monotonic() + 60
-        while server.server.open_connections and time.monotonic() < deadline:
-            time.sleep(0.05)  # the server sees our closes (EOF) and frees the places
-        body = urllib.request.urlopen(server.url, timeout=30).read().decode()
-        assert "torchwatch_step_time_seconds" in body
-    finally:
-        server.stop()
-
-
-def test_a_connection_that_never_finishes_its_request_is_cut() -> None:
-    port = free_port()
-    server = MetricsServer(ObservationCollector(list, "h"), "127.0.0.1", port, request_timeout_s=1.0)
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
-            ready, _, _ = select.select([s], [], [], 60)  # cut after about 1 s; 60 s is "never"
-            assert ready and _closed_by_server(s)
-    finally:
-        server.stop()
+# -- the metrics server: tests/unit/test_metrics_http.py -----------------------------------------------
 
 
 # -- serve: stronger evidence, and caps per user and in all ------------------------------------------------

@@ -19,6 +19,7 @@ from torchwatch.faces.prometheus import (
     MetricsServer,
     ObservationCollector,
     feature_metric,
+    job_keys,
     metric_families,
     parse_listen,
 )
@@ -36,10 +37,13 @@ from torchwatch.model.observation import (
     Straggler,
     TargetView,
 )
+from torchwatch.model.origin import Origin
 from torchwatch.model.readings import GpuSample
 from torchwatch.wire import RankInfo
 
 JOB = "my-run-7"
+POD = "1b4c6d2e-9f2e-4a1b-8c3d-5e6f7a8b9c0d"
+OWNER = Origin(1000, "4f3c2a1b0e9d", POD)
 
 
 def _finding(rule: str, label: str) -> Finding:
@@ -120,10 +124,12 @@ def two_ranks() -> Observation:
     )
 
 
-def samples(obs: Iterable[Observation]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def samples(
+    obs: Iterable[Observation], origins: dict[int, Origin] | None = None
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample a scrape of ``obs`` gives, parsed back from the exposition text."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ObservationCollector(lambda: list(obs), "node1"))
+    registry.register(ObservationCollector(lambda: list(obs), "node1", (lambda: origins) if origins else None))
     text = generate_latest(registry).decode()
     out = {}
     for family in text_string_to_metric_families(text):
@@ -140,7 +146,7 @@ def value(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, *
 
 
 def test_per_rank_step_wait_cpu_rss_in_base_units() -> None:
-    got = samples([two_ranks()])
+    got = samples([two_ranks()], {100: OWNER})
     assert value(got, "torchwatch_step_time_seconds", rank="0") == pytest.approx(0.2)
     assert value(got, "torchwatch_step_time_seconds", rank="1") == pytest.approx(0.2)
     assert value(got, "torchwatch_step_time_p95_seconds", rank="1") == pytest.approx(0.4)
@@ -152,7 +158,10 @@ def test_per_rank_step_wait_cpu_rss_in_base_units() -> None:
     assert value(got, "torchwatch_cpu_ratio", rank="0") == pytest.approx(0.95)
     assert value(got, "torchwatch_resident_memory_bytes", rank="1") == 3 << 29
     labels = next(ls for (n, ls) in got if n == "torchwatch_step_time_seconds" and ("rank", "1") in ls)
-    assert dict(labels) == {"rank": "1", "local_rank": "1", "training_job": JOB, "host": "node1", "world_size": "2"}
+    assert dict(labels) == {
+        **{"rank": "1", "local_rank": "1", "training_job": JOB, "host": "node1", "world_size": "2"},
+        **{"uid": "1000", "container_id": "4f3c2a1b0e9d", "pod_uid": POD},
+    }
     # the quantities the cross-node straggler rule compares (torchwatch.analysis.ranks: arrive_ms)
     assert value(got, "torchwatch_time_to_backward_seconds", rank="0") == pytest.approx(0.12)
     assert value(got, "torchwatch_time_to_backward_seconds", rank="1") == pytest.approx(0.2)
@@ -168,7 +177,7 @@ def test_verdict_is_a_labelled_gauge_with_the_top_finding() -> None:
     assert value(got, "torchwatch_rank_verdict", rank="0", label="undetermined", top_finding="rule-0") == 1
     assert value(got, "torchwatch_straggler_score", rank="1") == pytest.approx(0.4)
     labels = next(ls for (n, ls) in got if n == "torchwatch_verdict")
-    assert {k for k, _ in labels} == {"training_job", "host", "label", "top_finding"}
+    assert {k for k, _ in labels} == {"training_job", "uid", "container_id", "pod_uid", "host", "label", "top_finding"}
 
 
 def test_hang_state_for_alerts() -> None:
@@ -313,7 +322,8 @@ def test_server_serves_metrics_and_stops() -> None:
     try:
         body = urllib.request.urlopen(server.url, timeout=5).read().decode()
         want = (
-            f'torchwatch_step_time_seconds{{host="node1",local_rank="1",rank="1",training_job="{JOB}",world_size="2"}}'
+            f'torchwatch_step_time_seconds{{container_id="",host="node1",local_rank="1",pod_uid="",rank="1",'
+            f'training_job="{JOB}",uid="",world_size="2"}}'
         )
         assert want in body, body[:2000]
     finally:
@@ -373,3 +383,53 @@ def test_a_rank_that_stopped_stepping_keeps_its_labels_in_the_hang_state() -> No
     current[:] = []
     generate_latest(registry)
     assert collector._seen == {}  # a training no longer watched leaves nothing behind
+
+
+# -- job identity: what the kernel says of the owner, not what the environment claims ----------------------
+def _claiming(pid: int, job: str) -> Observation:
+    """Another training (PID ``pid``, ranks 301/302) whose hooks publish the job key ``job``."""
+    base = two_ranks()
+    ranks = {
+        r: dataclasses.replace(
+            v,
+            pid=301 + r,
+            rank_info=dataclasses.replace(v.rank_info, job=job) if v.rank_info is not None else None,
+        )
+        for r, v in base.ranks.items()
+    }
+    return dataclasses.replace(base, target=TargetView(pid), ranks=ranks, processes=())
+
+
+def test_another_users_claim_of_a_job_key_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 49: TORCHWATCH_JOB of another user's job joined that job in every rule, and a
+    ``pid:`` key copied another training's label set and shadowed its series (first wins)."""
+    mine, other = Origin(1000, "", ""), Origin(1001, "", "")
+    for claim in (JOB, "pid:100"):
+        caplog.clear()
+        obs = [two_ranks(), _claiming(400, claim)]
+        collector = ObservationCollector(lambda obs=obs: obs, "node1", lambda: {100: mine, 400: other})
+        for _ in range(2):  # said once, not at every scrape
+            list(collector.collect())
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(said) == 1 and f"job key {claim!r}: refused" in said[0] and "PID 400" in said[0], said
+        got = samples(obs, {100: mine, 400: other})
+        # the real job keeps its key and its series; the claim is exported under its own pid: key
+        assert value(got, "torchwatch_data_wait_seconds", rank="1", training_job=JOB) == pytest.approx(0.09)
+        assert value(got, "torchwatch_steps_total", rank="1", training_job=JOB, uid="1000") == 121
+        assert value(got, "torchwatch_steps_total", rank="1", training_job="pid:400", uid="1001") == 121
+        assert not [k for k in got if ("training_job", claim) in k[1] and ("uid", "1001") in k[1]]
+
+
+def test_ranks_of_one_user_in_two_containers_share_their_job_key() -> None:
+    got = samples([two_ranks(), _claiming(400, JOB)], {100: OWNER, 400: Origin(1000, "9a8b7c6d5e4f", "")})
+    keys = {dict(k[1])["container_id"]: dict(k[1])["training_job"] for k in got if k[0] == "torchwatch_steps_total"}
+    assert keys == {"4f3c2a1b0e9d": JOB, "9a8b7c6d5e4f": JOB}
+
+
+def test_job_keys_refuse_a_pid_key_and_a_collision_in_the_order_given() -> None:
+    keys, refused = job_keys(
+        [two_ranks(), _claiming(400, JOB), _claiming(500, "pid:7"), _claiming(600, "pid:600")],
+        {100: Origin(1000), 400: Origin(0), 500: Origin(1000), 600: Origin(1000)},
+    )
+    assert keys == {100: JOB, 400: "pid:400", 500: "pid:500", 600: "pid:600"}
+    assert [(pid, key) for pid, key, _ in refused] == [(400, JOB), (500, "pid:7")]

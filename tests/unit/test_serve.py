@@ -160,3 +160,43 @@ def test_the_host_label_is_the_node_name_when_given() -> None:
 
     assert node_name({"TORCHWATCH_NODE_NAME": "gpu-node-7"}) == "gpu-node-7"
     assert node_name({}) == socket.gethostname()
+
+
+# A process that maps, executable, files named like torch's binding and extension from a directory
+# of its own (issue 49: serve counted it as a training). ``full`` adds a torch/__init__.py beside
+# the extension, as a look-alike tree would.
+LOOKALIKE = """
+import mmap, os, sys, time
+d, full = sys.argv[1], sys.argv[2] == "1"
+os.makedirs(os.path.join(d, "torch", "lib"), exist_ok=True)
+if full:
+    open(os.path.join(d, "torch", "__init__.py"), "w").close()
+maps = []
+for name in ("torch/lib/libtorch_python.so", "torch/_C.cpython-311-x86_64-linux-gnu.so"):
+    path = os.path.join(d, name)
+    with open(path, "wb") as f:
+        f.write(b"\\x7fELF" + b"\\0" * 4092)
+    with open(path, "rb") as f:
+        maps.append(mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ | mmap.PROT_EXEC))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("full", ["0", "1"])
+def test_files_named_like_torch_mapped_as_code_are_no_training(tmp_path: Path, full: str) -> None:
+    fake = subprocess.Popen([sys.executable, "-c", LOOKALIKE, str(tmp_path), full], stdout=subprocess.PIPE, text=True)
+    try:
+        assert fake.stdout is not None and fake.stdout.readline().strip() == "ready"
+        maps = Path(f"/proc/{fake.pid}/maps").read_text()
+        assert "libtorch_python.so" in maps and "/torch/_C" in maps  # what the old check looked for
+        assert not loads_torch(fake.pid)
+        assert fake.pid not in find_trainings()
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_a_real_import_torch_is_a_training(torch_tree: tuple[int, int]) -> None:
+    parent, child = torch_tree
+    assert loads_torch(parent) and loads_torch(child)

@@ -420,6 +420,13 @@ def _add_serve(sub: Any) -> None:
     )
     _prometheus_option(serve)
     serve.add_argument(
+        "--web-config-file",
+        type=Path,
+        metavar="FILE",
+        help="TLS and basic auth of --prometheus, in the Prometheus exporter-toolkit's web config format "
+        "(tls_server_config, basic_auth_users; docs/security.md)",
+    )
+    serve.add_argument(
         "--scan", type=_positive("--scan"), default=5.0, metavar="SECONDS", help="look for trainings every SECONDS"
     )
     serve.add_argument("--window", type=_window, default=10.0, metavar="SECONDS", help="verdict window, 3 to 300")
@@ -630,6 +637,7 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
                     max_trainings=args.max_trainings,
                     max_per_user=args.max_per_user,
                     hang_after=args.hang_after,
+                    web_config=args.web_config_file,
                 )
         elif args.command == "detach":
             from torchwatch.cli.injecting import detach_command

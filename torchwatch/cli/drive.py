@@ -38,6 +38,7 @@ from torchwatch.inject.injector import Injector
 from torchwatch.model import files
 from torchwatch.model.errors import EXIT_CANNOT_WATCH, EXIT_FAIL_ON, TorchwatchError, shell_status
 from torchwatch.model.observation import Observation
+from torchwatch.model.origin import Origin
 from torchwatch.model.report import InjectionReport, MemoryReport
 from torchwatch.model.text import terminal_safe
 from torchwatch.watch.job import distinct_trainings, find_job, several_trainings_error
@@ -151,7 +152,9 @@ class Exporter:
         from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
 
         self.session: Session | None = None
-        self.server = MetricsServer(ObservationCollector(self._latest, socket.gethostname()), *listen)
+        self._origins: dict[int, Origin] = {}
+        collector = ObservationCollector(self._latest, socket.gethostname(), self._origin)
+        self.server = MetricsServer(collector, *listen)
         print(f"torchwatch: Prometheus metrics on {self.server.url}", file=sys.stderr)
 
     @classmethod
@@ -162,6 +165,15 @@ class Exporter:
     def _latest(self) -> list[Observation | None]:
         session = self.session
         return [] if session is None else [session.latest_observation]
+
+    def _origin(self) -> dict[int, Origin]:
+        """The watched process's owner (uid, container, pod), read once, at the first scrape that has it."""
+        obs = self.session.latest_observation if self.session is not None else None
+        if obs is not None and obs.target.pid not in self._origins:
+            from torchwatch.sources.origin import origin_of
+
+            self._origins = {obs.target.pid: origin_of(obs.target.pid)}
+        return self._origins
 
 
 def check_trace_path(path: Path | None) -> None:

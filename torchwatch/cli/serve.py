@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -33,11 +33,14 @@ from torchwatch.analysis.rules_engine import Rule, load_rules
 from torchwatch.cli import MAX_PER_USER, MAX_TRAININGS
 from torchwatch.faces.headless import status_line
 from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
-from torchwatch.model.errors import TorchwatchError
+from torchwatch.faces.webconfig import load_web_config
+from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.observation import Observation
+from torchwatch.model.origin import Origin
 from torchwatch.model.readings import Role
 from torchwatch.model.text import terminal_safe
 from torchwatch.sources.hook import HookReader
+from torchwatch.sources.origin import origin_of
 from torchwatch.sources.proc import ProcessTree
 from torchwatch.watch.discover import find_trainings
 from torchwatch.watch.lifecycle import StopSignals
@@ -55,6 +58,7 @@ class _Watched:
     session: Session
     since: float
     uid: int | None = None
+    origin: Origin = field(default_factory=Origin)  # read when first watched: a PID reused later is another process
 
 
 class Fleet:
@@ -99,6 +103,12 @@ class Fleet:
         with self._lock:
             sessions = [w.session for w in self._watched.values()]
         return [s.latest_observation for s in sessions]
+
+    def origins(self) -> dict[int, Origin]:
+        """``{pid: Origin}`` (uid, container, pod) of the trainings watched, as read when each was
+        first watched (the exporter's owner labels)."""
+        with self._lock:
+            return {pid: w.origin for pid, w in self._watched.items()}
 
     def sessions(self) -> dict[int, Session]:
         """``{pid: session}`` of the trainings watched now."""
@@ -181,9 +191,10 @@ class Fleet:
             reason = exc.one_line() if isinstance(exc, TorchwatchError) else repr(exc)
             print(f"torchwatch serve: not watching PID {pid}: {reason}", file=sys.stderr)
             return None
+        origin = origin_of(pid)
         session.start()
         with self._lock:
-            self._watched[pid] = _Watched(when, session, time.monotonic(), uid)
+            self._watched[pid] = _Watched(when, session, time.monotonic(), uid, origin)
         cmd = " ".join(session.observe().target.cmdline)[:200]  # escaped by the Observation
         print(terminal_safe(f"torchwatch serve: watching PID {pid}: {cmd}"), file=sys.stderr)
         return session
@@ -261,6 +272,7 @@ def serve_command(
     max_trainings: int = MAX_TRAININGS,
     max_per_user: int = MAX_PER_USER,
     hang_after: float | None = None,
+    web_config: Path | None = None,
 ) -> int:
     """``torchwatch serve``: watch every training found until a stop signal or ``duration``.
 
@@ -273,18 +285,23 @@ def serve_command(
         rules_dirs: ``--rules`` directories.
         max_trainings / max_per_user: the caps of :class:`Fleet`.
         hang_after: ``--hang-after`` seconds (``None``: each process's derived threshold).
+        web_config: ``--web-config-file`` (TLS and basic auth of the metrics server), or ``None``.
 
     Returns:
         0 (a stop signal makes the caller end by it).
 
     Raises:
-        TorchwatchError: bad rules, or the metrics address cannot be bound.
+        TorchwatchError: bad rules, a bad web config (``UsageError``), or the metrics address
+            cannot be bound.
     """
+    if web_config is not None and listen is None:
+        raise UsageError("--web-config-file protects --prometheus", "give --prometheus [HOST:]PORT too")
+    web = load_web_config(web_config) if web_config is not None else None
     rules = load_rules(rules_dirs or [])
     fleet = Fleet(rules, window_s, max_trainings, max_per_user, hang_after)
     server = None
     if listen is not None:
-        server = MetricsServer(ObservationCollector(fleet.observations, node_name()), *listen)
+        server = MetricsServer(ObservationCollector(fleet.observations, node_name(), fleet.origins), *listen, web=web)
         print(f"torchwatch serve: Prometheus metrics on {server.url}", file=sys.stderr)
     print(
         f"torchwatch serve: looking for PyTorch trainings every {scan_s:g} s (Python interpreters that imported "

@@ -1,9 +1,8 @@
 """The Prometheus exporter: ``/metrics`` rendered from the latest Observation at scrape time.
 
 The metrics are a pure function of the Observations (:func:`metric_families`); the HTTP side is
-``prometheus_client``'s WSGI application in a bounded server (:class:`MetricsServer`: a few
-connections at once, each cut after a deadline, so idle or slow clients of any local user cannot
-pile up threads), with a custom collector
+``prometheus_client``'s WSGI application behind a server that idle, slow or many clients cannot
+blind (:class:`MetricsServer`, :mod:`torchwatch.faces.metrics_http`), with a custom collector
 (:class:`ObservationCollector`) that asks for the latest Observations when Prometheus scrapes, so
 nothing is computed between scrapes.
 
@@ -12,14 +11,17 @@ name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1, ``_watts``), counters end i
 Help texts are the feature catalogue's where a metric is a feature. Labels (docs/fleet.md has the
 table, and how Prometheus compares the ranks of a job across nodes with them):
 
-- per rank (:data:`RANK_LABELS`): ``training_job``, ``host``, ``rank``, ``local_rank``,
-  ``world_size``. ``training_job`` is the key every rank of the job shares on every node
+- per rank (:data:`RANK_LABELS`): ``training_job``, ``uid``, ``container_id``, ``pod_uid``, ``host``,
+  ``rank``, ``local_rank``, ``world_size``. ``uid``, ``container_id`` and ``pod_uid`` are the
+  training's owner as the kernel says (:class:`~torchwatch.model.origin.Origin`), which its
+  environment cannot claim; a job key that claims another's is refused (:func:`job_keys`).
+  ``training_job`` is the key every rank of the job shares on every node
   (:func:`torchwatch.hook.ranks.job_from_env`: ``TORCHWATCH_JOB``, ``TORCHELASTIC_RUN_ID``, the
   rendezvous endpoint ``MASTER_ADDR:MASTER_PORT``, ``slurm:JOB.STEP``; else the hook's spawn or
   ``init_method`` key; else ``pid:PID`` for a training with no job identity at all). It is not
   ``job``: Prometheus sets ``job`` to the scrape job's name and renames a scraped ``job`` label
   to ``exported_job``. ``host`` is the node (:func:`torchwatch.cli.serve.node_name`);
-- per training (:data:`TARGET_LABELS`): ``training_job``, ``host``;
+- per training (:data:`TARGET_LABELS`): ``training_job``, ``uid``, ``container_id``, ``pod_uid``, ``host``;
 - per GPU: ``gpu`` (NVML index), ``uuid``, ``name``, ``host``; the OpenTelemetry-named copies
   (``hw_gpu_*``, ``hw_power_watts``) carry ``hw_id`` (the UUID), ``hw_name``, ``hw_type``, ``host``;
 - bounded enumerations: ``label`` (the verdict labels), ``top_finding`` (rule ids), ``state``
@@ -41,30 +43,28 @@ import ipaddress
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from torchwatch.faces.metrics_http import HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S, HttpServer
+from torchwatch.faces.webconfig import WebConfig
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.hang import HangView
 from torchwatch.model.observation import FeatureSpec, GpuRow, Observation, ProcessRow, RankView
+from torchwatch.model.origin import Origin
 
 __all__ = [
-    "BACKLOG",
     "HANG_STATES",
-    "MAX_CONNECTIONS",
+    "OWNER_LABELS",
     "PREFIX",
     "RANK_LABELS",
-    "REQUEST_TIMEOUT_S",
     "TARGET_LABELS",
     "MetricsServer",
     "ObservationCollector",
     "feature_metric",
+    "job_keys",
     "metric_families",
     "parse_listen",
     "training_job",
@@ -111,9 +111,12 @@ def feature_metric(spec: FeatureSpec) -> tuple[str, float]:
     return f"{PREFIX}_feature_{base}{suffix}", factor
 
 
-RANK_LABELS = ("training_job", "host", "rank", "local_rank", "world_size")
+OWNER_LABELS = ("training_job", "uid", "container_id", "pod_uid")
+"""Whose training a series is of: the job key, and what the kernel says of the training's owner
+(:class:`~torchwatch.model.origin.Origin`: real uid, container, pod), which its environment cannot claim."""
+RANK_LABELS = (*OWNER_LABELS, "host", "rank", "local_rank", "world_size")
 """The labels of every per-rank series: what a rule compares across the nodes of a job."""
-TARGET_LABELS = ("training_job", "host")
+TARGET_LABELS = (*OWNER_LABELS, "host")
 """The labels of every per-training series (one node's view of the job)."""
 _GPU_LABELS = ("gpu", "uuid", "name", "host")
 _HW_LABELS = ("hw_id", "hw_name", "hw_type", "host")
@@ -137,10 +140,49 @@ def _job(view: RankView) -> str:
 
 
 def training_job(o: Observation) -> str:
-    """The ``training_job`` label of ``o``: the job key its ranks' hooks published (the first
-    rank that says), else ``pid:PID`` of the process watched (a training with no job identity;
-    see the module docstring for why that stays bounded)."""
+    """The job key ``o``'s ranks' hooks published (the first rank that says), else ``pid:PID`` of
+    the process watched (a training with no job identity; see the module docstring for why that
+    stays bounded). What is exported is checked first: :func:`job_keys`."""
     return next((_job(v) for _, v in sorted(o.ranks.items()) if _job(v)), "") or f"pid:{o.target.pid}"
+
+
+def job_keys(
+    observations: Sequence[Observation], origins: Mapping[int, Origin]
+) -> tuple[dict[int, str], list[tuple[int, str, str]]]:
+    """The ``training_job`` label of each training, and the job keys refused.
+
+    A key is the training's own to publish (``TORCHWATCH_JOB`` and the launchers' variables are its
+    environment), so two checks hold it to what the kernel says:
+
+    - a ``pid:`` key is torchwatch's own (a training with no job key); published by a hook it
+      claims another process's label set: refused;
+    - a key another training on this node already exports under another uid (``origins``; the
+      trainings in the order given, the order serve started watching them) is refused: one user
+      cannot join another's job on the node. Ranks of one job under one user in several
+      containers (one pod per rank) share it.
+
+    A refused key is exported as ``pid:PID`` of the training.
+
+    Returns:
+        ``({training's PID: training_job}, [(training's PID, the key refused, why)])``.
+    """
+    keys: dict[int, str] = {}
+    refused: list[tuple[int, str, str]] = []
+    owner: dict[str, int | None] = {}
+    for o in observations:
+        pid = o.target.pid
+        own = f"pid:{pid}"
+        key = training_job(o)
+        uid = origins.get(pid, Origin()).uid
+        if key != own and key.startswith("pid:"):
+            refused.append((pid, key, "a pid: key is torchwatch's own, for a training with no job key"))
+            key = own
+        elif key in owner and owner[key] != uid:
+            refused.append((pid, key, f"a training of uid {owner[key]} on this node exports that job key"))
+            key = own
+        owner.setdefault(key, uid)
+        keys[pid] = key
+    return keys, refused
 
 
 def _processes(o: Observation) -> dict[int, ProcessRow]:
@@ -184,9 +226,10 @@ def _pct(value: float | None) -> float | None:
     return None if value is None else value / 100.0
 
 
-def _rank_labels(o: Observation, rank: int, view: RankView, job: str, host: str) -> tuple[str, ...]:
+def _rank_labels(o: Observation, rank: int, view: RankView, who: tuple[str, ...], host: str) -> tuple[str, ...]:
     """The :data:`RANK_LABELS` values of one rank (a process shown alone keeps the rank its hook
-    knows: a rank watched by itself is not rank 0 of its job)."""
+    knows: a rank watched by itself is not rank 0 of its job); ``who``: the training's
+    :data:`OWNER_LABELS` values, the same for each of its ranks."""
     info = view.rank_info
     if len(o.ranks) == 1 and info is not None and info.rank is not None:
         rank = info.rank
@@ -194,7 +237,7 @@ def _rank_labels(o: Observation, rank: int, view: RankView, job: str, host: str)
     world = info.world_size if info is not None and info.world_size is not None else None
     if world is None and view.reading is not None:
         world = view.reading.world_size
-    return (_job(view) or job, host, str(rank), local, str(world if world is not None else len(o.ranks)))
+    return (*who, host, str(rank), local, str(world if world is not None else len(o.ranks)))
 
 
 def _live_hang(o: Observation) -> HangView | None:
@@ -202,7 +245,9 @@ def _live_hang(o: Observation) -> HangView | None:
     return o.hang if o.hang is not None and o.hang.state in ("hang", "dumping") else None
 
 
-def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, host: str) -> dict[int, tuple[str, ...]]:
+def _rank_metrics(
+    out: _Families, obs: Sequence[Observation], o: Observation, who: tuple[str, ...], host: str
+) -> dict[int, tuple[str, ...]]:
     """Per rank: the step's parts (medians over the window), steps, CPU, RSS, device memory and the
     rank's own verdict: the series a rule compares across the nodes of a job.
 
@@ -210,12 +255,11 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
         ``{rank's PID: its label values}`` of the ranks exported.
     """
     procs = _processes(o)
-    job = training_job(o)
     exported: dict[int, tuple[str, ...]] = {}
     for rank, view in sorted(o.ranks.items()):
         if view.pid is None and view.reading is None and view.steps.steps is None:
             continue  # nothing known of it yet
-        labels = _rank_labels(o, rank, view, job, host)
+        labels = _rank_labels(o, rank, view, who, host)
         steps, reading = view.steps, view.reading
         proc = procs.get(view.pid) if view.pid is not None else None
 
@@ -286,7 +330,7 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
             mem.reserved_bytes,
         )
         verdict = view.verdict
-        if verdict is not None and (len(o.ranks) > 1 or labels[4] not in ("", "1")):
+        if verdict is not None and (len(o.ranks) > 1 or labels[-1] not in ("", "1")):
             top = view.findings[0].rule if view.findings else ""
             out.add(
                 f"{PREFIX}_rank_verdict",
@@ -301,7 +345,12 @@ def _rank_metrics(out: _Families, obs: Sequence[Observation], o: Observation, ho
 
 
 def _rank_hang_metrics(
-    out: _Families, o: Observation, host: str, exported: Mapping[int, tuple[str, ...]], seen: dict[int, tuple[str, ...]]
+    out: _Families,
+    o: Observation,
+    who: tuple[str, ...],
+    host: str,
+    exported: Mapping[int, tuple[str, ...]],
+    seen: dict[int, tuple[str, ...]],
 ) -> None:
     """Per rank, the stall / hang recorder's state: ``torchwatch_rank_hang`` (0 or 1, there for every
     rank exported, so an alert has a series), ``torchwatch_stall_seconds`` of the rank whose step
@@ -318,11 +367,11 @@ def _rank_hang_metrics(
     seen.clear()
     seen.update(kept)
     seen.update(exported)
-    world = next((labels[4] for labels in exported.values()), str(len(o.ranks)))
+    world = next((labels[-1] for labels in exported.values()), str(len(o.ranks)))
 
     def labels_of(pid: int, rank: int | None) -> tuple[str, ...]:
         got = seen.get(pid)
-        return got if got is not None else (training_job(o), host, str(rank if rank is not None else 0), "", world)
+        return got if got is not None else (*who, host, str(rank if rank is not None else 0), "", world)
 
     for pid, labels in exported.items():
         own = live is not None and pid == live.pid
@@ -421,9 +470,9 @@ def _hw_gpu_metrics(out: _Families, row: GpuRow, hw_id: str, host: str) -> None:
     out.add("hw_power_watts", "OpenTelemetry hw.power (hw.type=gpu): board power draw", _HW_LABELS, labels, row.power_w)
 
 
-def _verdict_metrics(out: _Families, o: Observation, host: str) -> None:
+def _verdict_metrics(out: _Families, o: Observation, who: tuple[str, ...], host: str) -> None:
     """The verdict as a labelled gauge, its confidence, the straggler's score, and every feature."""
-    labels = (training_job(o), host)
+    labels = (*who, host)
     if o.verdict is not None:
         top = o.findings[0].rule if o.findings else ""
         out.add(
@@ -520,7 +569,11 @@ def _self_metrics(out: _Families, obs: Sequence[Observation], host: str) -> None
 
 
 def metric_families(
-    observations: Iterable[Observation], host: str, seen: dict[int, dict[int, tuple[str, ...]]] | None = None
+    observations: Iterable[Observation],
+    host: str,
+    seen: dict[int, dict[int, tuple[str, ...]]] | None = None,
+    origins: Mapping[int, Origin] | None = None,
+    refused: list[tuple[int, str, str]] | None = None,
 ) -> list[Metric]:
     """Every metric of ``observations`` (one per watched training), as Prometheus metric families.
 
@@ -533,6 +586,9 @@ def metric_families(
         seen: ``{training's PID: {rank's PID: label values}}`` kept from one scrape to the next
             (:class:`ObservationCollector` holds it): the labels of a rank the live hang names after
             it left the Observation's ranks. Trainings no longer watched are dropped from it.
+        origins: ``{training's PID: its Origin}`` (uid, container, pod; read when it was first
+            watched); a training not in it has its owner labels empty.
+        refused: when given, the job keys refused (:func:`job_keys`) are appended to it.
 
     Returns:
         Gauge and counter families; ``torchwatch_targets`` (trainings watched) is always there.
@@ -543,10 +599,15 @@ def metric_families(
     memo = {} if seen is None else seen
     for gone in set(memo) - {o.target.pid for o in obs}:
         del memo[gone]
+    owners = origins or {}
+    keys, bad = job_keys(obs, owners)
+    if refused is not None:
+        refused.extend(bad)
     for o in obs:
-        _verdict_metrics(out, o, host)
-        exported = _rank_metrics(out, obs, o, host)
-        _rank_hang_metrics(out, o, host, exported, memo.setdefault(o.target.pid, {}))
+        who = (keys[o.target.pid], *owners.get(o.target.pid, Origin()).labels())
+        _verdict_metrics(out, o, who, host)
+        exported = _rank_metrics(out, obs, o, who, host)
+        _rank_hang_metrics(out, o, who, host, exported, memo.setdefault(o.target.pid, {}))
         _gpu_metrics(out, obs, o, host)
     if obs:
         _self_metrics(out, obs, host)
@@ -559,18 +620,44 @@ class ObservationCollector(Collector):
     Args:
         latest: returns the latest Observations (cheap: a session's ``latest_observation``).
         host: the ``host`` label.
+        origins: returns ``{training's PID: Origin}`` of the trainings watched (read once each, when
+            first watched: serve's :class:`~torchwatch.cli.serve.Fleet`); ``None``: owners unknown.
+
+    A job key refused (:func:`job_keys`) is logged once per training and key, as a warning.
     """
 
-    def __init__(self, latest: Callable[[], Iterable[Observation | None]], host: str) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Iterable[Observation | None]],
+        host: str,
+        origins: Callable[[], Mapping[int, Origin]] | None = None,
+    ) -> None:
         self._latest = latest
         self._host = host
+        self._origins = origins
         self._seen: dict[int, dict[int, tuple[str, ...]]] = {}
+        self._said: set[tuple[int, str]] = set()
         self._lock = threading.Lock()  # two scrapes at once (an HA pair) share the labels seen
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the Observations there are now (a training not analysed yet has none)."""
+        refused: list[tuple[int, str, str]] = []
         with self._lock:
-            families = metric_families((o for o in self._latest() if o is not None), self._host, self._seen)
+            obs = [o for o in self._latest() if o is not None]
+            origins = self._origins() if self._origins is not None else {}
+            families = metric_families(obs, self._host, self._seen, origins, refused)
+            live = {o.target.pid for o in obs}
+            self._said = {said for said in self._said if said[0] in live}
+            for pid, key, why in refused:
+                if (pid, key) not in self._said:
+                    self._said.add((pid, key))
+                    log.warning(
+                        "training PID %d publishes job key %r: refused (%s); exported as training_job=pid:%d",
+                        pid,
+                        key,
+                        why,
+                        pid,
+                    )
         yield from families
 
 
@@ -604,118 +691,19 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET
 
 
-# Bounds of the metrics server. Prometheus scrapes a target over one connection at a time (an
-# HA pair of servers: two), so a few connections at once are plenty; each is served by a thread.
-MAX_CONNECTIONS = 8
-# A connection not answered and closed this long after it was accepted is cut: Prometheus' own
-# default scrape_timeout is 10 s, after which it has given up on the scrape anyway. It bounds an
-# idle or trickling client (slowloris) as much as a reader that never reads the answer.
-REQUEST_TIMEOUT_S = 10.0
-# Connections the kernel queues until they are accepted (socketserver's default is 5): the
-# accept loop only ever waits on the queue, so a burst of connects waits there, not in threads.
-BACKLOG = 128
-_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nbusy\n"
-
-
-class _SilentHandler(WSGIRequestHandler):
-    """The WSGI request handler, without its access log; every socket operation of a connection
-    times out after :data:`REQUEST_TIMEOUT_S` (``StreamRequestHandler.timeout``)."""
-
-    timeout = REQUEST_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log nothing (a scrape a second would flood stderr)."""
-
-
-class _BoundedServer(ThreadingMixIn, WSGIServer):
-    """A threading WSGI server that serves at most ``max_connections`` connections at once (one
-    more is answered 503 and closed at once, never given a thread) and cuts every connection
-    ``deadline_s`` after it was accepted, whatever the client does (checked by the accept loop,
-    :meth:`service_actions`, about every half second)."""
-
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = BACKLOG
-
-    def __init__(
-        self, address: tuple[str, int], handler: type[WSGIRequestHandler], max_connections: int, deadline_s: float
-    ) -> None:
-        self.deadline_s = deadline_s
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._open: dict[socket.socket, float] = {}  # connection -> when to cut it (monotonic s)
-        self._open_lock = threading.Lock()
-        self.accepted = 0  # connections accepted so far
-        self.refused = 0  # of them, answered 503 because max_connections were open
-        super().__init__(address, handler)
-
-    @property
-    def open_connections(self) -> int:
-        """Connections being served now."""
-        with self._open_lock:
-            return len(self._open)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve ``request`` in a thread of its own if a slot is free; else 503 and close it."""
-        self.accepted += 1
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            with contextlib.suppress(OSError):
-                request.setblocking(False)
-                request.send(_BUSY)
-            self.shutdown_request(request)
-            return
-        with self._open_lock:
-            self._open[request] = time.monotonic() + self.deadline_s
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._release(request)
-            self.shutdown_request(request)
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        """Serve one connection (in its thread), then give its slot back."""
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._release(request)
-
-    def _release(self, request: Any) -> None:
-        with self._open_lock:
-            held = self._open.pop(request, None) is not None
-        if held:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed (timed out, cut, reset) is the client's business: a debug
-        record, never a traceback on stderr (socketserver's default)."""
-        log.debug("metrics connection from %s failed", client_address, exc_info=True)
-
-    def service_actions(self) -> None:
-        """Cut the connections past their deadline (their reads and writes then fail at once)."""
-        self.cut(time.monotonic())
-
-    def cut(self, now: float) -> None:
-        """Shut down every connection whose deadline is at or before ``now`` (monotonic s)."""
-        with self._open_lock:
-            late = [conn for conn, deadline in self._open.items() if deadline <= now]
-        for conn in late:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-
-
 class MetricsServer:
-    """``/metrics`` over HTTP on ``host:port``, in a daemon thread (``prometheus_client``'s WSGI
-    application in a bounded server: at most ``max_connections`` connections at once, each cut
-    ``request_timeout_s`` after it was accepted, a listen backlog of :data:`BACKLOG`).
+    """``/metrics`` over HTTP(S) on ``host:port``, in daemon threads: ``prometheus_client``'s WSGI
+    application behind :class:`~torchwatch.faces.metrics_http.HttpServer` (no thread per
+    connection, a header deadline, bounds per client address and in all: idle clients cannot keep
+    a scrape out; that module's docstring has the numbers and why).
 
     Args:
         collector: what a scrape renders.
         host / port: where to listen (see :func:`parse_listen`).
-        max_connections: connections served at once (:data:`MAX_CONNECTIONS`); one more is
-            answered ``503`` and closed without a thread.
-        request_timeout_s: seconds a connection may last, and each of its reads and writes
-            (:data:`REQUEST_TIMEOUT_S`).
+        web: TLS and basic auth (:class:`~torchwatch.faces.webconfig.WebConfig`, from
+            ``--web-config-file``); ``None``: plain HTTP, no authentication.
+        header_timeout_s / request_timeout_s: the deadlines of
+            :class:`~torchwatch.faces.metrics_http.HttpServer`.
 
     Raises:
         TorchwatchError: the port is in use, or the address cannot be bound (one line with the fix).
@@ -727,7 +715,8 @@ class MetricsServer:
         host: str,
         port: int,
         *,
-        max_connections: int = MAX_CONNECTIONS,
+        web: WebConfig | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         from prometheus_client.exposition import make_wsgi_app
@@ -735,45 +724,36 @@ class MetricsServer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         self.host, self.port = host, port
-        self._stopped = threading.Event()
-
-        class Handler(_SilentHandler):
-            timeout = request_timeout_s
-
+        self.tls = web is not None and web.tls is not None
         try:
             family, address = _best_family(host, port)
-
-            class Server(_BoundedServer):
-                address_family = family
-
-            server = Server((address, port), Handler, max_connections, request_timeout_s)
+            self._server = HttpServer(
+                make_wsgi_app(registry),
+                family,
+                address,
+                port,
+                tls=None if web is None else web.tls,
+                authorize=None if web is None else web.authorize,
+                header_timeout_s=header_timeout_s,
+                request_timeout_s=request_timeout_s,
+            )
         except OSError as exc:
             raise _bind_error(exc, host, port) from None
-        server.set_app(make_wsgi_app(registry))
-        self._server: _BoundedServer = server
-        self._thread = threading.Thread(target=server.serve_forever, name="torchwatch-metrics", daemon=True)
-        self._thread.start()
 
     @property
     def url(self) -> str:
-        """``http://HOST:PORT/metrics``."""
+        """``http[s]://HOST:PORT/metrics``."""
         host = f"[{self.host}]" if _family(self.host) == socket.AF_INET6 else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/metrics"
 
     @property
-    def server(self) -> _BoundedServer:
-        """The HTTP server (its counters: ``accepted``, ``refused``, ``open_connections``)."""
+    def server(self) -> HttpServer:
+        """The HTTP server (its counters: ``accepted``, ``evicted``, ``timed_out``, ``open_connections``)."""
         return self._server
 
     def stop(self) -> None:
-        """Stop serving, cut the connections still open and close the socket (idempotent)."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        self._server.shutdown()
-        self._server.cut(float("inf"))
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        """Stop serving, close the connections still open and the socket (idempotent)."""
+        self._server.stop()
 
 
 def _best_family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
