@@ -92,6 +92,8 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
     )
     values["mem_limit_source"] = (texts or {}).get("mem_limit_source", "not readable")
     values["mem_grower"] = (texts or {}).get("mem_grower", "no single process")
+    values["producer_frame"] = (texts or {}).get("producer_frame", "code py-spy did not see")
+    values["producer_processes"] = (texts or {}).get("producer_processes", "no busy process")
     values["suggested_threads"] = _suggested_threads(features)
     cpus = features.get("usable_cpus")
     values["suggested_workers"] = suggested_workers(cpus) if cpus else None
