@@ -89,7 +89,7 @@ def doing(window: Window, main_pid: int | None) -> str:
     ``importing torch`` (most of its samples import; the module most of them import),
     ``building the dataset (load_index (train.py:20))`` (a frame of a dataset's constructor or
     named after a dataset), ``running set-up code (build_model (train.py:31))`` (its hottest frame
-    of user code), ``starting`` (no stacks yet)."""
+    of user code, else its innermost), ``starting`` (no stacks, or none with a frame, yet)."""
     chunk = _newest_chunk(window, main_pid)
     if not chunk:
         return "starting"
@@ -104,7 +104,7 @@ def doing(window: Window, main_pid: int | None) -> str:
     def hottest(samples: Sequence[StackSample]) -> str | None:
         top: Counter[str] = Counter()
         for s in samples:
-            frame = stacks.top_frame(s.frames)
+            frame = stacks.top_frame(s.frames)  # user code, else the innermost frame
             if frame is not None:
                 top[_where(frame)] += s.count
         return top.most_common(1)[0][0] if top else None
@@ -114,7 +114,7 @@ def doing(window: Window, main_pid: int | None) -> str:
         where = hottest(dataset)
         return f"building the dataset ({where})" if where else "building the dataset"
     where = hottest(rest)
-    return f"running set-up code ({where})" if where else "the first step"
+    return f"running set-up code ({where})" if where else "starting"
 
 
 def waiting_for(
