@@ -201,3 +201,5 @@ def test_handoff_waits() -> None:
     compile_pool = (*FORWARD, Frame("Future.result", f"{LIB}/concurrent/futures/_base.py", 451))
     assert handoff_wait(compile_pool) is None  # torch's own wait
     assert handoff_wait(()) is None
+    # the loop blocked putting into a full queue waits for a consumer (a logger), not for data
+    assert handoff_wait((MODULE, *PUT_FULL[2:])) is None

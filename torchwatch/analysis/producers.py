@@ -47,6 +47,9 @@ _SELECTORS = "/selectors.py"
 # Waiting for a thread or a process to *end* (a coordinator that joins its trainers) is no
 # hand-off of data.
 _JOIN_NAMES = ("join", "_wait_for_tstate_lock")
+# Blocked putting into a full queue, the loop waits for a *consumer* (a logger, a checkpoint
+# writer): no data comes to it that way.
+_PUT_NAMES = ("put", "put_nowait", "send", "send_bytes")
 _TORCH = "torch/"
 
 MODEL_SHARE = 0.2
@@ -70,14 +73,17 @@ def handoff_wait(frames: Sequence[Frame]) -> str | None:
         ``"thread"`` (the innermost frame is in ``queue.py``, ``threading.py`` or a
         ``concurrent.futures`` future), ``"process"`` (in ``multiprocessing``'s queues, pipes or
         locks), or ``None``: not such a wait, inside a DataLoader iterator, a stack with a torch
-        frame (torch's own waits: DataLoader, compile workers, distributed), or a join (waiting
-        for a thread or process to end is no hand-off).
+        frame (torch's own waits: DataLoader, compile workers, distributed), a join (waiting
+        for a thread or process to end is no hand-off) or a put into a full queue (the loop then
+        waits for a consumer of its own: a logger, a checkpoint writer).
     """
     if not frames or stacks.data_part(frames) is not None:
         return None
     if any(_TORCH in _norm(f.filename) and "site-packages" in _norm(f.filename) for f in frames):
         return None
     if any(f.name.rsplit(".", 1)[-1] in _JOIN_NAMES for f in frames[-3:]):
+        return None
+    if any(f.name.rsplit(".", 1)[-1] in _PUT_NAMES for f in frames[-4:]):
         return None
     leaf = _norm(frames[-1].filename)
     if any(part in _norm(f.filename) for f in frames[-6:] for part in _PROCESS_WAIT_FILES) and (
