@@ -236,6 +236,28 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"main_sync_share": 0.8, "data_wait_share": 0.5},
         "main_sync_share",
     ),
+    "loader-producer-thread": (
+        # the loop waits 45 % in queue.get() while its producer thread computes 95 % of the time
+        {
+            "producer_wait_share": 0.45,
+            "producer_thread_wait_share": 0.45,
+            "producer_process_wait_share": 0.0,
+            "producer_cpu_share": 0.95,
+            "producer_count": 1.0,
+            "forward_share": 0.2,
+            "backward_share": 0.2,
+            "optimizer_share": 0.05,
+        },
+        # lock_wait: the helper the loop waits on sleeps
+        {
+            "producer_wait_share": 0.7,
+            "producer_cpu_share": 0.02,
+            "forward_share": 0.1,
+            "backward_share": 0.1,
+            "optimizer_share": 0.05,
+        },
+        "producer_cpu_share",  # no thread states of the producer
+    ),
     "ranks-collective-wait": (
         # a rank blocked 60 % of its step in the gradient all-reduce, beyond its run-queue wait
         {"collective_wait_share": 0.6, "dl_batch_size": 32.0},

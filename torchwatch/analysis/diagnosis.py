@@ -92,6 +92,8 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
     )
     values["mem_limit_source"] = (texts or {}).get("mem_limit_source", "not readable")
     values["mem_grower"] = (texts or {}).get("mem_grower", "no single process")
+    values["producer_frame"] = (texts or {}).get("producer_frame", "code py-spy did not see")
+    values["producer_processes"] = (texts or {}).get("producer_processes", "no busy process")
     values["suggested_threads"] = _suggested_threads(features)
     cpus = features.get("usable_cpus")
     values["suggested_workers"] = suggested_workers(cpus) if cpus else None
@@ -180,10 +182,23 @@ class Diagnoser:
         self._false_since: dict[str, float] = {}
         self._firing: set[str] = set()
         self._last: Verdict | None = None
+        self._loop_seen = False
 
-    def evaluate(self, features: Features, now: float, texts: Mapping[str, str] | None = None) -> Analysis:
+    def evaluate(
+        self, features: Features, now: float, texts: Mapping[str, str] | None = None, waiting: str | None = None
+    ) -> Analysis:
         """Evaluate every rule on ``features`` taken at ``now`` (monotonic seconds); ``texts``:
-        settings fixes quote verbatim (see :func:`template_values`)."""
+        settings fixes quote verbatim (see :func:`template_values`); ``waiting``: what the
+        training does instead of its loop, while it has not reached its first step
+        (:func:`torchwatch.analysis.startup.waiting_for`; ``None``: it has)."""
+        if waiting is None and not self._loop_seen:
+            self._loop_seen = True
+            # Nothing said before the loop carries into it: a finding that fired on the start's
+            # readings (imports read files, set-up computes) stops at once, and one still true
+            # keeps its hold and fires when its readings of the loop say so.
+            self._firing.clear()
+            self._false_since.clear()
+            self._last = None
         analysis = Analysis(t=now, features=features)
         values = template_values(features, texts)
         for rule in self.rules:
@@ -209,6 +224,10 @@ class Diagnoser:
         ]
         if any(_PRIORITY[r.label] < _PRIORITY[verdict.label] for r in pending):
             verdict = self._last or Verdict("undetermined", 0.0, "Collecting evidence: a finding is settling.")
+        if not self._loop_seen:
+            verdict = before_loop(waiting or "the first step")
+            # no label before the first step: the findings that argue for one wait for the loop
+            analysis.findings = [f for f in analysis.findings if f.label == "undetermined" or f.severity == "info"]
         self._last = verdict
         analysis.verdict = verdict
         return analysis
@@ -288,6 +307,12 @@ class Diagnoser:
         coverage = min(1.0, max(stack_n / 60.0, thread_n / 30.0))
         confidence = min(0.95, 0.5 + measure) * coverage * dominance * (1.0 - _blur(win, features))
         return Verdict(win.label, min(0.95, max(0.05, confidence)), win.summary)
+
+
+def before_loop(waiting: str) -> Verdict:
+    """The verdict before the training's first step: ``undetermined`` at confidence 0 (no reading
+    of a loop yet), its summary and :attr:`Verdict.waiting_for` saying what the training does."""
+    return Verdict("undetermined", 0.0, f"Waiting for the first step: {waiting}.", waiting_for=waiting)
 
 
 BLUR_FLOOR = 0.1

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from torchwatch.analysis import stacks
+from torchwatch.analysis import producers, stacks
 from torchwatch.analysis.store import Window
 from torchwatch.model.observation import FeatureSpec
 from torchwatch.model.peaks import flop_rate
@@ -32,6 +32,28 @@ MIN_THREAD_SAMPLES = 10  # below this many main-thread state samples the state s
 
 def _specs(*rows: tuple[str, str, str, str]) -> dict[str, FeatureSpec]:
     return {r[0]: FeatureSpec(*r) for r in rows}
+
+
+PRODUCER_CATALOGUE: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "producer_wait_share",
+        "share",
+        "py-spy",
+        "loop time waiting for data handed over by another thread or process of the training outside the "
+        "DataLoader (a queue.Queue, a condition, a pipe, a multiprocessing queue: torchwatch.analysis.producers)",
+    ),
+    ("producer_thread_wait_share", "share", "py-spy", "of that, waiting on a thread of the training process"),
+    ("producer_process_wait_share", "share", "py-spy", "of that, waiting on another process (pipe, multiprocessing)"),
+    (
+        "producer_cpu_share",
+        "share",
+        "py-spy+proc",
+        "the producers' CPU, share of wall time (summed, at most 1): the process's other Python threads not "
+        "running the model (schedstat), or the tree's other processes for a wait on a process",
+    ),
+    ("producer_count", "count", "py-spy+proc", "producer threads or processes busy >= 5 % of the window"),
+)
+"""The features of :mod:`torchwatch.analysis.producers` (data from a hand-written producer)."""
 
 
 CATALOGUE: dict[str, FeatureSpec] = _specs(
@@ -408,6 +430,7 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "the device's dense peak for the step's math (data sheet); on a CPU, measured by a matmul in the training",
     ),
     ("mfu", "share", "hook+burst", "model FLOPs utilisation: achieved / peak FLOP/s"),
+    *PRODUCER_CATALOGUE,
 )
 
 Features = dict[str, "float | None"]
@@ -1182,6 +1205,7 @@ def texts(window: Window, main_pid: int | None) -> dict[str, str]:
         )
     if record is not None and record.compile is not None:
         out.update(compile_texts(record.compile))
+    out.update(producers.producer_texts(window, main_pid))
     settings = record.gpu_settings if record is not None else None
     if settings is None:
         return out
@@ -1304,6 +1328,7 @@ def compute(window: Window, main_pid: int | None) -> Features:
     window = loop_window(window, main_pid)
     f: Features = {}
     f.update(_stack_features(window, main_pid))
+    f.update(producers.producer_features(window, main_pid, MIN_STACK_SAMPLES))
     f.update(_hook_features(window, main_pid))
     f.update(_compile_features(window, main_pid))
     f.update(_flop_features(window, main_pid, f))

@@ -71,6 +71,8 @@ TEMPLATE_VALUES = {
     "mem_limit_source": "text: where the memory limit comes from, e.g. 'cgroup v2 memory.max of /sys/fs/cgroup/x'",
     "mem_grower": "text: the process whose private memory grows fastest, e.g. 'worker 123: private +3.0 MiB/s, "
     "shared -2.9 MiB/s (copy-on-write ...)'",
+    "producer_frame": "text: the hottest frame of user code of the producer threads, e.g. 'augment (train.py:42)'",
+    "producer_processes": "text: the tree's busiest processes beside the training, e.g. 'PID 812 python 0.9 cores'",
 }
 _KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes", "scope"}
 SCOPES = ("loop", "machine", "demand")

@@ -14,7 +14,8 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
     straggler (or none), the MFU once a burst counted FLOPs, the torch.compile findings (rule id,
     the latest such event in words and its file:line), a recorded hang or stall with its likely
     cause, and the samplers' cadence (``sampling: fast|steady``); ``starting`` before the first
-    verdict.
+    verdict; before the training's first step, what it does instead (``waiting for the first step:
+    importing torch``: :attr:`~torchwatch.model.findings.Verdict.waiting_for`).
 
     Args:
         obs: the latest Observation (``None``: none yet).
@@ -30,6 +31,7 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
     sm = f.get("gpu_sm_active_mean")
     parts = [
         f"torchwatch [{elapsed_s:4.0f}s] {v.label} ({v.confidence:.2f})",
+        *([f"waiting for the first step: {v.waiting_for}"] if v.waiting_for else []),
         f"data wait {value('data_wait_share')}",
         f"loop CPU {value('main_running_share')}",
         f"disk wait {value('storage_wait_share')}",

@@ -74,11 +74,13 @@ class NotApplicable:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The label, a confidence 0..1 and one sentence."""
+    """The label, a confidence 0..1 and one sentence; ``waiting_for``: before the training's first
+    step, what it does instead (``importing torch``; no label is given until then), else ``None``."""
 
     label: str
     confidence: float
     summary: str
+    waiting_for: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """``{"label", "confidence", "summary"}`` (confidence rounded to 2 digits)."""

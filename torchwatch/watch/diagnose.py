@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from torchwatch.analysis import features as feats
-from torchwatch.analysis import ranks
+from torchwatch.analysis import ranks, startup
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import Store, Window
@@ -51,6 +51,8 @@ class JobDiagnoser:
         now: float,
         extra: Mapping[str, float | None] | None = None,
         extra_texts: Mapping[str, str] | None = None,
+        hook_pending: bool = False,
+        stacks_pending: bool = False,
     ) -> Analysis:
         """The analysis of ``window`` at ``now`` (monotonic s).
 
@@ -62,24 +64,30 @@ class JobDiagnoser:
         job's verdict (:func:`torchwatch.analysis.ranks.job_analysis`), shown for ``focus`` when it
         is a rank, else for the lowest rank. ``extra`` / ``extra_texts``: features and texts made
         outside the window (the memory forecast: :mod:`torchwatch.watch.memwatch`), added to every
-        process's.
+        process's. ``hook_pending``: the hook was pre-loaded and has published nothing yet;
+        ``stacks_pending``: py-spy has read no chunk yet: with them, each process's rules know
+        whether it has reached its first step (:func:`torchwatch.analysis.startup.waiting_for`;
+        before it, no label).
         """
         more, more_texts = dict(extra or {}), dict(extra_texts or {})
 
         def compute(pid: int | None) -> tuple[dict[str, float | None], dict[str, str]]:
             return {**feats.compute(window, pid), **more}, {**feats.texts(window, pid), **more_texts}
 
+        def judge(pid: int | None) -> Analysis:
+            f, t = compute(pid)
+            waiting = startup.waiting_for(window, pid, f, hook_pending, stacks_pending)
+            return self._diagnoser(pid).evaluate(f, now, t, waiting)
+
         pids = list(dict.fromkeys(h.pid for h in window.hook if h.record is not None and _is_rank(h.record.rank)))
         if len(pids) < 2:
-            f, t = compute(focus)
-            return self._diagnoser(focus).evaluate(f, now, t)
+            return judge(focus)
         self._tick += 1
         per_rank = {}
         for pid in pids:
             last = self._analyses.get(pid)
             if pid == focus or last is None or self._tick % OTHER_RANKS_EVERY == 0:
-                f, t = compute(pid)
-                last = self._analyses[pid] = self._diagnoser(pid).evaluate(f, now, t)
+                last = self._analyses[pid] = judge(pid)
             per_rank[pid] = last
         for gone in [p for p in self._analyses if p not in pids]:
             del self._analyses[gone]

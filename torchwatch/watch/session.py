@@ -368,6 +368,8 @@ class Session:
             now,
             extra=self.memwatch.features(),
             extra_texts=self.memwatch.texts(),
+            hook_pending=self.hook.expected and self.hook.status.status is Status.STARTING,
+            stacks_pending=self.pyspy.status.status is Status.STARTING,
         )
         self._focus.judged(analysis.ranks, analysis.straggler.pid if analysis.straggler is not None else None)
         with self._lock:
