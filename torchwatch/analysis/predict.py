@@ -80,6 +80,7 @@ class Loop:
             cores torchwatch uses.
         cpu_wait: share of the step the loop waits for a CPU (``cpu_wait_share``), 0..1.
         sleep: share the main thread sleeps on a timer (``main_sleep_share``), 0..1.
+        run, runqueue: shares the main thread is on a CPU / waits for one (schedstat), 0..1.
         throttled: share of wall time the cgroup quota stopped the training, 0..1.
         threads: intra-op threads (``torch.get_num_threads()``), ``None`` without the hook.
         prefetch: batches each worker keeps ready (``prefetch_factor``, 2 when not read).
@@ -103,6 +104,8 @@ class Loop:
     own: float
     cpu_wait: float | None
     sleep: float | None
+    run: float | None
+    runqueue: float | None
     throttled: float | None
     threads: float | None
     prefetch: float
@@ -113,11 +116,34 @@ class Loop:
 
     @property
     def left(self) -> float | None:
-        """CPUs left to the training: usable less others (from half a core on) and torchwatch, >= 0.1."""
+        """CPUs left to the training: usable less others (from half a core on) and torchwatch, and
+        never less than the training uses now (its main process and workers: a neighbour's use is
+        measured while the training holds the rest, so it is no floor the training cannot cross),
+        >= 0.1."""
         if self.cpus is None:
             return None
         foreign = self.foreign if self.foreign >= NEIGHBOUR_FLOOR else 0.0
-        return max(0.1, self.cpus - foreign - self.own)
+        return max(0.1, self.cpus - foreign - self.own, (self.main_cores or 0.0) + self.worker_cores)
+
+    @property
+    def fair_share(self) -> float | None:
+        """The CPU a runnable thread of the training gets beside others' runnable threads: the main
+        thread's run time over its run and run-queue time (the scheduler shares the CPUs per
+        thread), or ``None`` when others hold less than half a core or it is not measured."""
+        if self.foreign < NEIGHBOUR_FLOOR or self.run is None or self.runqueue is None:
+            return None
+        busy = self.run + self.runqueue
+        return None if busy <= EPS else self.run / busy
+
+    def cpus_for(self, threads: int) -> float | None:
+        """CPUs the training gets with ``threads`` runnable threads (main thread + busy workers):
+        :attr:`left`, or, beside others' runnable threads, ``threads`` x :attr:`fair_share` when
+        that is more (each thread it adds takes its share), within the usable CPUs less torchwatch's."""
+        left = self.left
+        share = self.fair_share
+        if left is None or self.cpus is None or share is None:
+            return left
+        return max(left, min(self.cpus - self.own, share * threads))
 
 
 def _f(values: Mapping[str, Any], name: str) -> float | None:
@@ -154,6 +180,8 @@ def loop_of(values: Mapping[str, Any]) -> Loop:
         own=_f(values, "own_cpu_cores") or 0.0,
         cpu_wait=_f(values, "cpu_wait_share"),
         sleep=_f(values, "main_sleep_share"),
+        run=_f(values, "main_running_share"),
+        runqueue=_f(values, "main_runqueue_share"),
         throttled=_f(values, "cpu_throttled_share"),
         threads=_f(values, "intra_op_threads"),
         prefetch=_f(values, "dl_prefetch_factor") or 2.0,
@@ -177,8 +205,10 @@ def _pipeline(loop: Loop) -> tuple[float, float, float, float] | None:
     in units of T, or ``None`` when the workers' time per batch cannot be told (no wait on them)."""
     if loop.workers == 0:
         consumer = max(EPS, 1.0 - loop.wait)
-        loop_cpu = max(0.0, (loop.main_cores or 0.0) - loop.fetch_cpu)
-        return consumer, max(EPS, loop.fetch), loop_cpu, loop.fetch_cpu
+        # the fetch's CPU is at most the process's (stack shares count a wait for a CPU as running)
+        fetch_cpu = loop.fetch_cpu if loop.main_cores is None else min(loop.fetch_cpu, loop.main_cores)
+        loop_cpu = max(0.0, (loop.main_cores or 0.0) - fetch_cpu)
+        return consumer, max(EPS, loop.fetch), loop_cpu, fetch_cpu
     consumer = max(EPS, 1.0 - loop.queue)
     busy = loop.worker_busy if loop.worker_busy is not None else (1.0 if loop.queue >= 0.01 else None)
     if busy is None:
@@ -194,7 +224,8 @@ def workers_rate(loop: Loop, k: int) -> float | None:
 
     ``C``: the consumer's time per step; ``F``: one worker's wall time per batch (with
     ``num_workers=0``, the main thread's fetch time; the workers run torch with 1 thread);
-    ``A``: CPUs left to the training; ``L``: the loop's CPU per step; ``W``: the workers' CPU per
+    ``A``: CPUs the training gets with ``1 + k`` runnable threads (:meth:`Loop.cpus_for`);
+    ``L``: the loop's CPU per step; ``W``: the workers' CPU per
     batch (cores x T). ``k = 0``: the main thread fetches, ``1 / (C + F)``. Assumes the queue of
     ``k x prefetch_factor`` batches absorbs the fetch time's variation (the interval widens near
     the balance point, :func:`predict_kind`) and that waits on storage or timers overlap across
@@ -206,9 +237,9 @@ def workers_rate(loop: Loop, k: int) -> float | None:
     if k == 0:
         return 1.0 / (consumer + (per_batch if loop.workers == 0 else per_batch / max(1, loop.workers)))
     limits = [1.0 / consumer, k / per_batch]
-    left = loop.left
-    if left is not None and loop_cpu + worker_cpu > EPS:
-        limits.append(left / (loop_cpu + worker_cpu))
+    cpus = loop.cpus_for(1 + k)
+    if cpus is not None and loop_cpu + worker_cpu > EPS:
+        limits.append(cpus / (loop_cpu + worker_cpu))
     return min(limits)
 
 
@@ -216,14 +247,21 @@ def knee(loop: Loop) -> int | None:
     """The fewest workers (1..:data:`MAX_WORKERS`) whose :func:`workers_rate` is within 5 % of the
     best, given the CPUs; ``None`` when the rate is unknown.
 
-    Solved, not scanned: the rate is ``min(1 / C, k / F, A / (L + W))``, so the best is its value
-    at :data:`MAX_WORKERS` and the knee the smallest ``k >= 0.95 x best x F``."""
+    Solved, not scanned: every term of ``min(1 / C, k / F, A(k) / (L + W))`` grows with ``k``, so
+    the best is the rate at :data:`MAX_WORKERS` and the knee the fewest ``k`` with
+    ``k / F >= 0.95 x best`` and ``A(k) / (L + W) >= 0.95 x best``."""
     pipe = _pipeline(loop)
     best = workers_rate(loop, MAX_WORKERS)
     if pipe is None or best is None:
         return None
-    per_batch = pipe[1]
-    return max(1, min(MAX_WORKERS, math.ceil(KNEE_SHARE * best * per_batch - 1e-9)))
+    target = KNEE_SHARE * best
+    k = max(1, math.ceil(target * pipe[1] - 1e-9))
+    cpu = pipe[2] + pipe[3]
+    share = loop.fair_share
+    if cpu > EPS and share is not None and share > EPS:
+        while k < MAX_WORKERS and (loop.cpus_for(1 + k) or 0.0) / cpu < target - 1e-12:
+            k = max(k + 1, math.ceil(target * cpu / share - 1 - 1e-9))
+    return min(MAX_WORKERS, k)
 
 
 def _ratio_workers(loop: Loop, k: int) -> float | None:
