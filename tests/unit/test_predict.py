@@ -388,3 +388,19 @@ def test_recorded_sleepy_dataset_workers_overlap_the_fetch() -> None:
     assert predict.predict_kind("cache", f).ratio is not None
     # no cgroup quota in the run, no thread count without the hook's threads record missing: say why
     assert "throttled" in predict.predict_kind("quota", f).reason
+
+
+def test_one_thread_beside_a_neighbour_loses_the_barrier_wait_not_its_own() -> None:
+    # 2 intra-op threads on 2 CPUs beside 1.5 cores of others: the thread that waited most for a
+    # CPU waited 50 % (cpu_wait_share), the main thread itself 20 %: one thread meets no barrier
+    f = features(
+        intra_op_threads=2.0, usable_cpus=2.0, foreign_cpu_cores=1.5, own_cpu_cores=0.0, main_cpu_pct=90.0,
+        cpu_wait_share=0.5, main_running_share=0.5, main_runqueue_share=0.2, data_wait_share=0.0,
+    )  # fmt: skip
+    one = sane(predict.predict_kind("threads", f, 1.0))
+    assert one.ratio == pytest.approx(1 / 0.7, rel=0.01)
+    # the main thread's own wait is all of it: no barrier to lose
+    same = sane(predict.predict_kind("threads", {**f, "main_runqueue_share": 0.5}, 1.0))
+    assert same.ratio == pytest.approx(1.0, abs=0.01)
+    # the neighbour gone: the whole wait goes
+    assert sane(predict.predict_kind("neighbour", f)).ratio == pytest.approx(2.0, rel=0.01)

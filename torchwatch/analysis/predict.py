@@ -284,12 +284,16 @@ def _amdahl(p: float, n: float) -> float:
     return (1.0 - p) + p / max(1.0, n)
 
 
-def _ratio_threads(loop: Loop, k: float, left_after: float | None = None, p_shift: float = 0.0) -> float | None:
+def _ratio_threads(
+    loop: Loop, k: float, left_after: float | None = None, p_shift: float = 0.0, others_stay: bool = True
+) -> float | None:
     """Steps/s with ``k`` intra-op threads on ``left_after`` CPUs (default: the CPUs left now) over now.
 
     The loop's compute now is ``C0 = 1 - w - rho`` (``rho``: its wait for a CPU); its work runs
-    at ``amdahl(p, min(n, A))``; after, at ``amdahl(p, min(k, A'))``, and the wait for a CPU goes
-    when ``k`` fits the CPUs (an op's barrier no longer waits for a thread without a CPU), else stays.
+    at ``amdahl(p, min(n, A))``; after, at ``amdahl(p, min(k, A'))``. When ``k`` fits the CPUs (one
+    thread always does: it meets no barrier) the wait at each op's barrier for a thread without a
+    CPU goes; what stays, while others' threads stay (``others_stay``), is the main thread's own
+    wait for a CPU (``main_runqueue_share``). More threads than CPUs keep the whole wait.
     """
     left_now = loop.left
     if loop.threads is None or left_now is None or loop.main_cores is None:
@@ -300,7 +304,8 @@ def _ratio_threads(loop: Loop, k: float, left_after: float | None = None, p_shif
     n_now = min(loop.threads, left_now)
     p = min(1.0, max(0.0, _parallel_part(loop, n_now) + p_shift))
     compute_after = compute * _amdahl(p, min(k, after)) / _amdahl(p, n_now)
-    rho_after = 0.0 if k <= after + 1e-9 else rho
+    own_wait = _share(loop.runqueue) if others_stay and loop.fair_share is not None else 0.0
+    rho_after = min(rho, own_wait) if k <= max(1.0, after) + 1e-9 else rho
     return 1.0 / (loop.wait + compute_after + rho_after)
 
 
@@ -404,7 +409,7 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
             rho = min(_share(lp.cpu_wait), 0.95)
             base = 1.0 / (1.0 - rho)
             if lp.threads is not None and lp.cpus is not None and lp.main_cores is not None:
-                more = _ratio_threads(lp, lp.threads, left_after=max(0.1, lp.cpus - lp.own))
+                more = _ratio_threads(lp, lp.threads, left_after=max(0.1, lp.cpus - lp.own), others_stay=False)
                 return max(base, more or base)
             return base
 
