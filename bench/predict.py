@@ -15,8 +15,12 @@ not free), so its predicted ratio, which takes the per-sample CPU work to zero, 
 there. Each scenario's report and rates can be saved (``--save DIR``) and predicted again later
 without running anything (``--from DIR``), e.g. after a change of the model.
 
+``--cost`` prints instead what the predictions cost per analysis tick: every fix of every finding
+of the recorded windows (tests/fixtures/windows/predict_*.json) predicted, best of 5 rounds.
+
 Rerun:  python bench/predict.py [--only aug_one_worker,sleepy_loop] [--runs 2] [--seconds 10]
         [--duration 20] [--save DIR | --from DIR] [--json PATH]
+        python bench/predict.py --cost
 Every process started is ended before the script returns (subprocess.run with timeouts; the
 watch stops its training with --duration).
 """
@@ -123,6 +127,33 @@ def predict_row(name: str, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def cost() -> int:
+    """Microseconds the predictions of one analysis tick take on each recorded window."""
+    import time
+
+    from torchwatch.analysis import predict
+    from torchwatch.analysis.diagnosis import Diagnoser, template_values
+    from torchwatch.analysis.features import CATALOGUE
+    from torchwatch.analysis.rules_engine import load_rules
+
+    for path in sorted((REPO / "tests" / "fixtures" / "windows").glob("*.json")):
+        feats = {**dict.fromkeys(CATALOGUE), **json.loads(path.read_text())["features"]}
+        d = Diagnoser(load_rules())
+        d.evaluate(feats, 0.0)
+        findings = d.evaluate(feats, 10.0).findings
+        values = template_values(feats)
+        fixes = [(f.rule, fx.title, fx.trial) for f in findings for fx in f.fixes]
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(100):
+                for rule, title, trial in fixes:
+                    predict.predict_fix(rule, title, trial, values)
+            best = min(best, (time.perf_counter() - t0) / 100)
+        print(f"{path.stem:32s} {len(fixes):2d} fixes  {best * 1e6:7.0f} us per tick")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
@@ -132,7 +163,10 @@ def main() -> int:
     parser.add_argument("--save", metavar="DIR", help="save each scenario's report and rates here")
     parser.add_argument("--from", dest="source", metavar="DIR", help="predict from saved data, run nothing")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON here")
+    parser.add_argument("--cost", action="store_true", help="print what the predictions cost per tick, run nothing")
     args = parser.parse_args()
+    if args.cost:
+        return cost()
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:

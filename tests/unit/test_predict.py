@@ -404,3 +404,28 @@ def test_one_thread_beside_a_neighbour_loses_the_barrier_wait_not_its_own() -> N
     assert same.ratio == pytest.approx(1.0, abs=0.01)
     # the neighbour gone: the whole wait goes
     assert sane(predict.predict_kind("neighbour", f)).ratio == pytest.approx(2.0, rel=0.01)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from(predict.KINDS),
+    st.dictionaries(
+        st.sampled_from(
+            ["data_wait_share", "data_wait_queue_share", "fetch_cpu_share", "workers_running_fraction",
+             "workers_runqueue_fraction", "workers_busy_share", "cpu_wait_share", "main_sleep_share",
+             "cpu_throttled_share", "main_running_share", "main_runqueue_share", "burst_pageable_h2d_share"]
+        ),
+        shares,
+    ),
+    st.integers(min_value=0, max_value=4),
+)  # fmt: skip
+def test_any_reading_gives_a_ratio_inside_its_interval_or_a_reason(
+    kind: str, values: dict[str, float], workers: int
+) -> None:
+    f = features(**{**_MAIN_FETCH, **values, "dl_num_workers": float(workers), "worker_count": float(workers)})
+    p = predict.predict_kind(kind, f, 2.0 if kind in ("num_workers", "threads") else None)
+    if p.ratio is None:
+        assert p.reason and p.low is None and p.high is None
+    else:
+        sane(p)
+        assert math.isfinite(p.high)
