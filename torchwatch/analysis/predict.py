@@ -17,8 +17,8 @@ ends widen by the model's own error (:data:`MODEL_ERROR`) and the step time's sp
 cannot give is ``None`` with the reason (a GPU-bound step, a storage device's queue, a change to
 the user's code of unknown size).
 
-Costs: a few hundred float operations per fix (the knee scans at most :data:`MAX_WORKERS`
-worker counts), far under 1 ms per analysis tick.
+Costs: a few hundred float operations per fix; the predictions of a whole analysis tick took
+3-530 us on the recorded windows (``python bench/predict.py --cost``), under the 1 ms of issue 53.
 """
 
 from __future__ import annotations
@@ -31,17 +31,7 @@ from typing import Any
 
 from torchwatch.model.predicted import Predicted
 
-__all__ = [
-    "KINDS",
-    "MAX_WORKERS",
-    "MODEL_ERROR",
-    "Loop",
-    "knee",
-    "loop_of",
-    "predict_fix",
-    "predict_kind",
-    "workers_rate",
-]
+__all__ = ["KINDS", "MODEL_ERROR", "Loop", "knee", "loop_of", "predict_fix", "predict_kind", "workers_rate"]
 
 KINDS = ("num_workers", "pin_memory", "threads", "neighbour", "quota", "cache", "sleep")
 """The fixes the model predicts (see :func:`predict_kind`)."""
@@ -59,6 +49,7 @@ KNEE_SHARE = 0.95
 NEIGHBOUR_FLOOR = 0.5
 """Cores others use below which they are taken as noise, not a CPU taken (as cpu-contention)."""
 EPS = 1e-6
+NO_WAIT = "the loop waits on no worker: the workers' time per batch is not measured"
 
 
 @dataclass(frozen=True)
@@ -139,8 +130,7 @@ class Loop:
         """CPUs the training gets with ``threads`` runnable threads (main thread + busy workers):
         :attr:`left`, or, beside others' runnable threads, ``threads`` x :attr:`fair_share` when
         that is more (each thread it adds takes its share), within the usable CPUs less torchwatch's."""
-        left = self.left
-        share = self.fair_share
+        left, share = self.left, self.fair_share
         if left is None or self.cpus is None or share is None:
             return left
         return max(left, min(self.cpus - self.own, share * threads))
@@ -148,9 +138,7 @@ class Loop:
 
 def _f(values: Mapping[str, Any], name: str) -> float | None:
     v = values.get(name)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def _share(v: float | None) -> float:
@@ -192,11 +180,10 @@ def loop_of(values: Mapping[str, Any]) -> Loop:
     )
 
 
-def _se(p: float, n: float) -> float:
-    """Standard error of a sampled share ``p`` over ``n`` samples (0.1 when none are counted)."""
-    if n < 1:
-        return 0.1
-    return math.sqrt(max(p * (1.0 - p), 0.0) / n) + 0.5 / n
+def _move(p: float | None, n: float) -> float:
+    """1.645 standard errors of a sampled share ``p`` over ``n`` samples (of 0.1 when none are counted)."""
+    p = _share(p)
+    return Z * (0.1 if n < 1 else math.sqrt(max(p * (1.0 - p), 0.0) / n) + 0.5 / n)
 
 
 # -- num_workers: a producer/consumer pipeline ------------------------------------------------------
@@ -332,9 +319,9 @@ def _interval(
     return mid, min(seen) * (1.0 - rel), max(seen) * (1.0 + rel)
 
 
-def _made(kind: str, got: tuple[float, float, float] | None, why_none: str, assumption: str) -> Predicted:
+def _made(kind: str, got: tuple[float, float, float] | None, assumption: str, why_none: str = "") -> Predicted:
     if got is None:
-        return Predicted(kind=kind, reason=why_none)
+        return Predicted(kind=kind, reason=why_none or "the model gave no finite ratio")
     mid, low, high = got
     return Predicted(kind=kind, ratio=round(mid, 3), low=round(low, 3), high=round(high, 3), reason=assumption)
 
@@ -354,18 +341,12 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
         The prediction, or one with ``ratio None`` and the reason.
     """
     loop = loop_of(values)
-
-    def se_stack(p: float) -> float:
-        return Z * _se(p, loop.n_stack)
-
-    def se_thread(p: float) -> float:
-        return Z * _se(p, loop.n_thread)
-
+    stack, thread = loop.n_stack, loop.n_thread
     if kind == "num_workers":
         if loop.cpus is None:
             return Predicted(kind=kind, reason="the usable CPUs are not known")
         k = int(value) if value is not None else max(1, math.floor(loop.cpus) - 1)
-        moves = {"queue": se_stack(loop.queue)} if loop.workers else {"fetch": se_stack(loop.fetch)}
+        moves = {"queue": _move(loop.queue, stack)} if loop.workers else {"fetch": _move(loop.fetch, stack)}
         got = _interval(loop, lambda lp: _ratio_workers(lp, k), moves)
         kn = knee(loop)
         if got is not None:
@@ -375,12 +356,7 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
                 depth = max(1.0, k * loop.prefetch)
                 mid, low, high = got
                 got = (mid, low * (1.0 - min(0.5, (loop.step_cv or 0.2) / math.sqrt(depth))), high)
-        p = _made(
-            kind,
-            got,
-            "the loop waits on no worker: the workers' time per batch is not measured",
-            f"a pipeline of {k} workers, each as fast per batch as now, on {loop.left or 0:.1f} CPUs left",
-        )
+        p = _made(kind, got, f"a pipeline of {k} workers, each as fast per batch as now, on the CPUs left", NO_WAIT)
         return replace(p, knee=kn) if p.ratio is not None else p
     if kind == "threads":
         if loop.threads is None:
@@ -389,18 +365,12 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
             return Predicted(kind=kind, reason="the process's CPU or the usable CPUs are not known")
         threads = value if value is not None else max(1.0, math.floor(loop.left or 1.0))
         cw = _share(loop.cpu_wait)
-        got = _interval(loop, lambda lp: _ratio_threads(lp, threads), {"cpu_wait": se_thread(cw)})
-        if got is not None:  # Amdahl's p is read from CPU use: move it too
-            lo = _ratio_threads(loop, threads, p_shift=-0.15)
-            hi = _ratio_threads(loop, threads, p_shift=0.15)
-            ends = [x for x in (lo, hi) if x is not None]
-            got = (got[0], min([got[1], *ends]), max([got[2], *ends]))
-        return _made(
-            kind,
-            got,
-            "not predicted",
-            f"Amdahl on the loop's threads; {threads:.0f} threads on {loop.left or 0:.1f} CPUs",
-        )
+        got = _interval(loop, lambda lp: _ratio_threads(lp, threads), {"cpu_wait": _move(cw, thread)})
+        if got is not None:  # Amdahl's p is read from CPU use that counts spinning threads: move it too
+            ends = [x for x in (_ratio_threads(loop, threads, p_shift=d) for d in (-0.15, 0.15)) if x is not None]
+            lo, hi = (1.0 - MODEL_ERROR) * min(ends, default=got[1]), (1.0 + MODEL_ERROR) * max(ends, default=got[2])
+            got = (got[0], min(got[1], lo), max(got[2], hi))
+        return _made(kind, got, f"Amdahl on the loop's threads: {threads:.0f} on {loop.left or 0:.1f} CPUs left")
     if kind == "neighbour":
         if loop.cpu_wait is None:
             return Predicted(kind=kind, reason="the loop's wait for a CPU is not measured (no schedstat)")
@@ -413,32 +383,22 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
                 return max(base, more or base)
             return base
 
-        return _made(
-            kind,
-            _interval(loop, gone, {"cpu_wait": se_thread(_share(loop.cpu_wait))}),
-            "not predicted",
-            "the loop's wait for a CPU goes with the others' load",
-        )
+        got = _interval(loop, gone, {"cpu_wait": _move(loop.cpu_wait, thread)})
+        return _made(kind, got, "the loop's wait for a CPU goes with the others' load")
     if kind == "quota":
         if loop.throttled is None:
             return Predicted(kind=kind, reason="the quota's throttled time is not read (no cgroup CPU statistics)")
         # throttled_usec is counted exactly: only the model's own error widens it
-        return _made(
-            kind,
-            _interval(loop, lambda lp: 1.0 / (1.0 - min(0.95, _share(lp.throttled))), {}),
-            "not predicted",
-            "the time the quota stopped the training is given back; the CPUs without it are not read",
-        )
+        got = _interval(loop, lambda lp: 1.0 / (1.0 - min(0.95, _share(lp.throttled))), {})
+        return _made(kind, got, "the time the quota stopped the training is given back; the CPUs without it unread")
     if kind == "cache":
         if loop.workers == 0:
             if loop.fetch_cpu <= 0.0:
                 return Predicted(kind=kind, reason="no per-sample CPU work is measured in the main thread")
-            return _made(
-                kind,
-                _interval(loop, lambda lp: 1.0 / max(EPS, 1.0 - lp.fetch_cpu), {"fetch_cpu": se_stack(loop.fetch_cpu)}),
-                "not predicted",
-                "the per-sample CPU work goes to zero (an upper bound: a cache costs its reads)",
+            got = _interval(
+                loop, lambda lp: 1.0 / max(EPS, 1.0 - lp.fetch_cpu), {"fetch_cpu": _move(loop.fetch_cpu, stack)}
             )
+            return _made(kind, got, "the per-sample CPU work goes to zero (an upper bound: a cache costs its reads)")
         if loop.worker_run is None:
             return Predicted(kind=kind, reason="the workers' CPU share of their producing time is not measured")
 
@@ -452,22 +412,20 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
             now, after = workers_rate(lp, lp.workers), workers_rate(cheap, lp.workers)
             return None if now is None or after is None or now <= 0 else after / now
 
-        got = _interval(loop, cached, {"queue": se_stack(loop.queue)})
+        got = _interval(loop, cached, {"queue": _move(loop.queue, stack)})
         return _made(
             kind,
             got,
-            "the loop waits on no worker: the workers' time per batch is not measured",
             "the workers' per-sample CPU work goes to zero (an upper bound: a cache costs its reads)",
+            NO_WAIT,
         )
     if kind == "sleep":
         if loop.sleep is None:
             return Predicted(kind=kind, reason="the main thread's sleeps are not measured (no thread states)")
-        return _made(
-            kind,
-            _interval(loop, lambda lp: 1.0 / (1.0 - min(0.95, _share(lp.sleep))), {"sleep": se_thread(loop.sleep)}),
-            "not predicted",
-            "the loop's timer sleeps are removed and nothing else changes",
+        got = _interval(
+            loop, lambda lp: 1.0 / (1.0 - min(0.95, _share(lp.sleep))), {"sleep": _move(loop.sleep, thread)}
         )
+        return _made(kind, got, "the loop's timer sleeps are removed and nothing else changes")
     if kind == "pin_memory":
         h = _f(values, "burst_pageable_h2d_share")
         if h is None:
@@ -477,14 +435,8 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
         # pinned DMA runs at about twice the pageable copy's bandwidth (central: half the copy
         # time saved); overlapped with the step (non_blocking): all of it; at worst a quarter
         mid, low, high = 1.0 / (1.0 - 0.5 * save), 1.0 / (1.0 - 0.25 * save), 1.0 / max(0.05, 1.0 - save)
-        rel = MODEL_ERROR
-        return Predicted(
-            kind=kind,
-            ratio=round(mid, 3),
-            low=round(low * (1.0 - rel), 3),
-            high=round(high * (1.0 + rel), 3),
-            reason="pinned copies at about twice the pageable bandwidth, overlapped with the step at best",
-        )
+        got = (mid, low * (1.0 - MODEL_ERROR), high * (1.0 + MODEL_ERROR))
+        return _made(kind, got, "pinned copies at about twice the pageable bandwidth, overlapped with the step at best")
     raise ValueError(f"unknown fix kind {kind!r} (known: {', '.join(KINDS)})")
 
 
@@ -504,18 +456,18 @@ FIX_KINDS: dict[tuple[str, str], str] = {
 TRIAL_KINDS = {"num_workers": "num_workers", "threads": "threads", "pin_memory": "pin_memory"}
 """A fix's live setting (``trial``'s ``SETTING``) -> kind."""
 
-WHY_NOT: tuple[tuple[str, str], ...] = (
+WHY_NOT: tuple[tuple[str | tuple[str, ...], str], ...] = (
     ("gpu-", "a GPU-bound step: the model has no model of device kernels"),
     ("storage-", "storage: the gain depends on the device's queue depth and latency, not modelled"),
     ("input-waits-", "storage or remote waits: their concurrency limit is not modelled"),
     ("compile-", "a code change of unknown size: the compiler's output is not modelled"),
-    ("memory-", "a memory fix changes whether the training runs, not its speed"),
-    ("host-swap", "a memory fix: the speed after swapping stops is not modelled"),
-    ("loader-worker-memory", "a memory fix changes whether the training runs, not its speed"),
-    ("dataloader-shm", "a memory fix changes whether the training runs, not its speed"),
+    (
+        ("memory-", "host-swap", "loader-worker-memory", "dataloader-shm"),
+        "a memory fix: it decides whether the training runs",
+    ),
     ("ranks-", "collectives: the peers' time is not modelled"),
-    ("pageable-h2d", "a code change of unknown size"),
 )
+"""Rules whose fixes no model predicts (by id prefix) and why; any other fix is a code change of unknown size."""
 
 
 def predict_fix(rule: str, title: str, trial: str | None, values: Mapping[str, Any]) -> Predicted:
