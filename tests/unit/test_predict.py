@@ -429,3 +429,15 @@ def test_any_reading_gives_a_ratio_inside_its_interval_or_a_reason(
     else:
         sane(p)
         assert math.isfinite(p.high)
+
+
+def test_a_cache_beside_one_busy_process_also_frees_the_cpu_the_loop_queued_for() -> None:
+    # one worker on a CPU all its producing time, the loop waits on it 60 % of the step; beside one
+    # busy process the loop's thread ran 0.2 and queued 0.1 (a share of 2/3: one other runnable
+    # thread beside the loop and the worker on 2 CPUs). Cached, the worker leaves the run queue:
+    # the loop's thread has a CPU whenever it is runnable, and the step is its 0.3 less that 0.1
+    busy = {**_WORKERS, "data_wait_share": 0.6, "data_wait_queue_share": 0.6, "usable_cpus": 2.0, "main_cpu_pct": 20.0,
+            "foreign_cpu_cores": 1.0, "main_running_share": 0.2, "main_runqueue_share": 0.1}  # fmt: skip
+    assert sane(predict.predict_kind("cache", features(**busy))).ratio == pytest.approx(1 / 0.3, rel=0.01)
+    alone = {**busy, "foreign_cpu_cores": 0.0}  # no others: the worker's CPU was not the loop's to take
+    assert sane(predict.predict_kind("cache", features(**alone))).ratio == pytest.approx(1 / 0.4, rel=0.01)

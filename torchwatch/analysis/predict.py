@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from torchwatch.analysis.fix_kinds import FIX_KINDS, TRIAL_KINDS, WHY_NOT
 from torchwatch.model.predicted import Predicted
 
 __all__ = ["KINDS", "MODEL_ERROR", "Loop", "knee", "loop_of", "predict_fix", "predict_kind", "workers_rate"]
@@ -78,6 +79,8 @@ class Loop:
         n_stack, n_thread: samples behind the stack and thread shares (their standard errors).
         step_cv: the per-step time's coefficient of variation, from p50 and p95.
         n_steps: steps in the window (spread of the mean step time).
+        consumer_cut: share of the step the consumer stops waiting for a CPU after the fix (0 now).
+        worker_cpu_kept: the part of the workers' CPU per batch left after the fix (1 now).
     """
 
     wait: float
@@ -104,6 +107,8 @@ class Loop:
     n_thread: float
     step_cv: float | None
     n_steps: float | None
+    consumer_cut: float = 0.0
+    worker_cpu_kept: float = 1.0
 
     @property
     def left(self) -> float | None:
@@ -196,14 +201,14 @@ def _pipeline(loop: Loop) -> tuple[float, float, float, float] | None:
         fetch_cpu = loop.fetch_cpu if loop.main_cores is None else min(loop.fetch_cpu, loop.main_cores)
         loop_cpu = max(0.0, (loop.main_cores or 0.0) - fetch_cpu)
         return consumer, max(EPS, loop.fetch), loop_cpu, fetch_cpu
-    consumer = max(EPS, 1.0 - loop.queue)
+    consumer = max(EPS, 1.0 - loop.queue - loop.consumer_cut)
     busy = loop.worker_busy if loop.worker_busy is not None else (1.0 if loop.queue >= 0.01 else None)
     if busy is None:
         return None
     # k0 workers together finish one batch per step: each takes k0 x busy steps per batch, of
     # which the part waiting for a CPU is the CPUs' shortage, not the batch's own time.
     per_batch = max(EPS, loop.workers * busy * (1.0 - loop.worker_runqueue))
-    return consumer, per_batch, loop.main_cores or 0.0, loop.worker_cores
+    return consumer, per_batch, loop.main_cores or 0.0, loop.worker_cores * loop.worker_cpu_kept
 
 
 def workers_rate(loop: Loop, k: int) -> float | None:
@@ -254,6 +259,19 @@ def knee(loop: Loop) -> int | None:
 def _ratio_workers(loop: Loop, k: int) -> float | None:
     now, after = workers_rate(loop, loop.workers), workers_rate(loop, k)
     return None if now is None or after is None or now <= 0 else after / now
+
+
+def _queue_cut(loop: Loop, runnable_now: float, runnable_after: float) -> float:
+    """The share of the step the loop's thread stops waiting for a CPU when the training's runnable
+    threads go from ``runnable_now`` to ``runnable_after``, beside others' (per-thread fair share):
+    others' runnable threads ``f = usable / s - d`` from the share ``s`` its thread gets now, then
+    ``s' = min(1, usable / (f + d'))`` and its wait ``run x (1 / s' - 1)``. 0 without others."""
+    share = loop.fair_share
+    if share is None or share <= EPS or loop.cpus is None or loop.run is None or loop.runqueue is None:
+        return 0.0
+    others = max(0.0, loop.cpus / share - runnable_now)
+    after = min(1.0, loop.cpus / max(EPS, others + runnable_after))
+    return max(0.0, loop.runqueue - loop.run * (1.0 / after - 1.0))
 
 
 # -- threads=k: Amdahl on the loop's parallel part ----------------------------------------------------
@@ -403,11 +421,14 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
             return Predicted(kind=kind, reason="the workers' CPU share of their producing time is not measured")
 
         def cached(lp: Loop) -> float | None:
+            busy = lp.worker_busy if lp.worker_busy is not None else 1.0
+            cut = _queue_cut(lp, 1.0 + lp.workers * busy * _share(lp.worker_run), 1.0)
             cheap = replace(
                 lp,
-                worker_busy=(lp.worker_busy if lp.worker_busy is not None else 1.0) * (1.0 - _share(lp.worker_run)),
-                worker_cores=0.0,
+                worker_busy=busy * (1.0 - _share(lp.worker_run)),
+                worker_cpu_kept=0.0,
                 worker_runqueue=0.0,
+                consumer_cut=cut,
             )
             now, after = workers_rate(lp, lp.workers), workers_rate(cheap, lp.workers)
             return None if now is None or after is None or now <= 0 else after / now
@@ -438,36 +459,6 @@ def predict_kind(kind: str, values: Mapping[str, Any], value: float | None = Non
         got = (mid, low * (1.0 - MODEL_ERROR), high * (1.0 + MODEL_ERROR))
         return _made(kind, got, "pinned copies at about twice the pageable bandwidth, overlapped with the step at best")
     raise ValueError(f"unknown fix kind {kind!r} (known: {', '.join(KINDS)})")
-
-
-# -- which fix is which kind --------------------------------------------------------------------------
-FIX_KINDS: dict[tuple[str, str], str] = {
-    ("cpu-contention", "Give the training its CPUs"): "neighbour",
-    ("cpu-quota-throttled", "Raise the quota, or drop it"): "quota",
-    ("cpu-quota-throttled", "Run no more threads than the quota"): "threads",
-    ("loader-cpu-in-main-thread", "Make each sample cheaper"): "cache",
-    ("loader-cpu-in-workers", "Make each sample cheaper"): "cache",
-    ("loader-cpu-contention", "Make each sample cheaper"): "cache",
-    ("loop-sleeps", "Check for sleeps and rate limits"): "sleep",
-}
-"""Fixes without a live setting that a model predicts: ``(rule id, fix title template)`` -> kind
-(``tests/unit/test_predict.py`` checks every key names a shipped rule's fix)."""
-
-TRIAL_KINDS = {"num_workers": "num_workers", "threads": "threads", "pin_memory": "pin_memory"}
-"""A fix's live setting (``trial``'s ``SETTING``) -> kind."""
-
-WHY_NOT: tuple[tuple[str | tuple[str, ...], str], ...] = (
-    ("gpu-", "a GPU-bound step: the model has no model of device kernels"),
-    ("storage-", "storage: the gain depends on the device's queue depth and latency, not modelled"),
-    ("input-waits-", "storage or remote waits: their concurrency limit is not modelled"),
-    ("compile-", "a code change of unknown size: the compiler's output is not modelled"),
-    (
-        ("memory-", "host-swap", "loader-worker-memory", "dataloader-shm"),
-        "a memory fix: it decides whether the training runs",
-    ),
-    ("ranks-", "collectives: the peers' time is not modelled"),
-)
-"""Rules whose fixes no model predicts (by id prefix) and why; any other fix is a code change of unknown size."""
 
 
 def predict_fix(rule: str, title: str, trial: str | None, values: Mapping[str, Any]) -> Predicted:
