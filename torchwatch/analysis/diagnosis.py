@@ -30,6 +30,7 @@ from typing import Any
 
 from torchwatch.analysis import expr
 from torchwatch.analysis.features import COMPILE_TEXTS, MIN_STACK_SAMPLES, MIN_THREAD_SAMPLES, Features
+from torchwatch.analysis.predict import predict_fix
 from torchwatch.analysis.rules_engine import Rule, fill
 from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
@@ -262,7 +263,8 @@ class Diagnoser:
                 except expr.Missing:
                     continue
             trial = _trial(fx.trial, values) if fx.trial else None
-            fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values), trial))
+            predicted = predict_fix(rule.id, fx.title, trial, values)
+            fixes.append(Fix(fill(fx.title, values), fill(fx.detail, values), trial, predicted))
         evidence = {name: values.get(name) for name in rule.evidence}
         return Finding(
             rule.id,

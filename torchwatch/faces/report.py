@@ -344,6 +344,8 @@ def render_text(report: Report) -> str:
         lines.append(f"      evidence: {ev}")
         for fx in f.fixes:
             lines.append(f"      fix: {fx.title}: {fx.detail}")
+            if fx.predicted is not None:
+                lines.append(f"           steps/s {fx.predicted.text()}")
             if fx.trial:
                 lines.append(f"           try it live: torchwatch trial {target.pid} {fx.trial}")
     srcs = "; ".join(status_text(name, st) for name, st in report.sources.items())

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torchwatch.model.predicted import Predicted
+
 
 @dataclass(frozen=True)
 class Fix:
@@ -18,17 +20,23 @@ class Fix:
     Attributes:
         trial: ``SETTING=VALUE`` when the fix can be tried on the running training
             (``torchwatch trial PID SETTING=VALUE``, or ``t`` in the TUI), else ``None``.
+        predicted: the speed-up the fix should buy (:mod:`torchwatch.analysis.predict`), or
+            ``None`` where nothing predicted it (a fix built outside the diagnosis, an older report).
     """
 
     title: str
     detail: str
     trial: str | None = None
+    predicted: Predicted | None = None
 
-    def to_json(self) -> dict[str, str]:
-        """The fix as ``{"title", "detail"}``, with ``"trial"`` when it can be tried live."""
-        d = {"title": self.title, "detail": self.detail}
+    def to_json(self) -> dict[str, Any]:
+        """The fix as ``{"title", "detail"}``, with ``"trial"`` when it can be tried live and
+        ``"predicted"`` (:meth:`Predicted.to_json`) when it was predicted."""
+        d: dict[str, Any] = {"title": self.title, "detail": self.detail}
         if self.trial:
             d["trial"] = self.trial
+        if self.predicted is not None:
+            d["predicted"] = self.predicted.to_json()
         return d
 
 
