@@ -176,7 +176,7 @@ def main() -> int:
                             {k: v["warm_s"] for k, v in res.items()})  # fmt: skip
             worst = max(figs) if figs else None
             verdict = "n/a" if worst is None else ("PASS" if worst <= TARGETS[name] else "OVER")
-            median = statistics.median(figs) if figs else None
+            median = round(statistics.median(figs), 2) if figs else None
             results[name] = {"figures": res, "target_s": TARGETS[name], "worst_s": worst, "median_s": median}
             print(
                 f"{name}: {json.dumps(res)}; median {median} s, worst {worst} s, target {TARGETS[name]:g} s: {verdict}"
