@@ -250,8 +250,9 @@ class ForeignCpu:
         rates = []
         for key, (comm, ticks) in _every_process().items():
             before = self.procs0.get(key)
-            if before is not None and key[0] not in mine and ticks > before[1]:
-                rates.append(((ticks - before[1]) / _HZ / wall, key[0], comm))
+            used = ticks - (before[1] if before is not None else 0)  # one started since: all its time
+            if key[0] not in mine and used > 0:
+                rates.append((used / _HZ / wall, key[0], comm))
         rates.sort(reverse=True)
         top = [f"PID {pid} {comm} ({_whose(pid)}) {cores:.1f}" for cores, pid, comm in rates[:3] if cores >= 0.05]
         who = ", ".join(top)
