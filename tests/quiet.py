@@ -35,7 +35,8 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -135,3 +136,124 @@ class Lock:
         """Close both files (releasing anything still held)."""
         os.close(self._gate)
         os.close(self._rw)
+
+
+FOREIGN_LIMIT_CORES = 0.5
+"""Above this much CPU (cores, averaged over the test) outside the test's own processes, a quiet
+test's premise (a machine to itself) did not hold: the same half core from which torchwatch's
+``cpu-contention`` names the neighbours (rules/cpu-contention.toml), so a failure then may be the
+neighbours' doing, not torchwatch's."""
+
+THROWAWAY_PREFIXES = ("twt", "twi")
+"""Names of the throw-away users the tests make (``tests/users.py``; ``test_inject.py``'s)."""
+
+SUITE_MARKS = (b"TESTS_SESSION=", b"TESTS_CI_RUN=")
+"""Environment variables every process the suite (or ``.ci/run``) starts carries
+(``tests/leftovers.py``)."""
+
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_busy_ticks() -> int:
+    """Clock ticks all CPUs spent busy since boot (``/proc/stat``: user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return user + nice + system + irq + softirq + steal
+
+
+def _stat(pid: int) -> tuple[str, float, int, int] | None:
+    """``(comm, start time, own ticks, reaped children's ticks)`` of ``pid``, or ``None`` when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    try:
+        comm = raw[raw.index(b"(") + 1 : raw.rindex(b")")].decode(errors="replace")
+        rest = raw[raw.rindex(b")") + 2 :].split()
+        return comm, float(rest[19]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14])
+    except (ValueError, IndexError):
+        return None
+
+
+def _own_ticks(root: int, tree: Iterable[int]) -> int:
+    """CPU ticks of ``root`` and the processes below it (``tree``), the ones they reaped included:
+    a process that ran and ended during the test is in its reaper's children's time."""
+    total = 0
+    for pid in (root, *tree):
+        st = _stat(pid)
+        if st is not None:
+            total += st[2] + st[3]
+    return total
+
+
+def _every_process() -> dict[tuple[int, float], tuple[str, int]]:
+    """Every process now: ``(pid, start time) -> (comm, own ticks)``."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                found[(int(name), st[1])] = (st[0], st[2])
+    return found
+
+
+def _whose(pid: int) -> str:
+    """Whose a process is, for the reason: the suite's own, a throw-away test user's, or a user's."""
+    import pwd
+
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        user = pwd.getpwuid(uid).pw_name
+    except (OSError, KeyError):
+        return "?"
+    if user.startswith(THROWAWAY_PREFIXES):
+        return f"{user}, a throw-away test user"
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+        if any(item.startswith(SUITE_MARKS) for item in env):
+            return f"{user}, a test session's"
+    except OSError:
+        pass
+    return user
+
+
+class ForeignCpu:
+    """The machine's CPU outside the test's own processes, from a reading before the test to one
+    after (:meth:`end`): all CPUs' busy time (``/proc/stat``) less what this process and every
+    process below it used (it is their subreaper: ``tests/leftovers.py``), averaged over the test.
+    Independent of torchwatch, which a quiet test is checking."""
+
+    def __init__(self) -> None:
+        from tests import leftovers
+
+        self._tree = leftovers._tree
+        self.t0 = time.monotonic()
+        self.busy0 = _machine_busy_ticks()
+        self.own0 = _own_ticks(os.getpid(), self._tree(os.getpid()))
+        self.procs0 = _every_process()
+
+    def end(self) -> str:
+        """``""`` when the premise held (at most :data:`FOREIGN_LIMIT_CORES` cores outside the
+        test's processes on average), else why not: the cores and the busiest processes outside
+        them (PID, name, whose)."""
+        wall = max(time.monotonic() - self.t0, 1e-3)
+        tree = self._tree(os.getpid())
+        busy = _machine_busy_ticks() - self.busy0
+        own = _own_ticks(os.getpid(), tree) - self.own0
+        foreign = max(0.0, (busy - own) / _HZ / wall)
+        if foreign <= FOREIGN_LIMIT_CORES:
+            return ""
+        mine = {os.getpid(), *tree}
+        rates = []
+        for key, (comm, ticks) in _every_process().items():
+            before = self.procs0.get(key)
+            used = ticks - (before[1] if before is not None else 0)  # one started since: all its time
+            if key[0] not in mine and used > 0:
+                rates.append((used / _HZ / wall, key[0], comm))
+        rates.sort(reverse=True)
+        top = [f"PID {pid} {comm} ({_whose(pid)}) {cores:.1f}" for cores, pid, comm in rates[:3] if cores >= 0.05]
+        who = ", ".join(top)
+        return f"foreign CPU {foreign:.1f} core over {wall:.0f} s" + (f": {who}" if who else "")

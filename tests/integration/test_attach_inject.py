@@ -3,14 +3,17 @@ detach``, and the live install (``torchwatch.hook.live``) on every interpreter f
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +21,7 @@ from tests.integration.conftest import DEMO, REPO, torchwatch
 from tests.integration.test_inject import HOLDER, _interpreter, running, scripts  # noqa: F401 - a fixture
 from torchwatch.cli.injecting import DETACH, INSTALL, PREPARE
 from torchwatch.inject.injector import Injector
-from torchwatch.sources.hook import hook_dir
+from torchwatch.sources.hook import HookReader, hook_dir
 
 pytestmark = pytest.mark.integration
 
@@ -93,9 +96,15 @@ def dataloader_demo() -> Iterator[Demo]:
         demo.stop()
 
 
+HOOKED_WITHIN_S = 90.0
+"""How long the burst waits for the injected hook to publish: attach's injection and the hook's
+import of torch's profiler on a loaded machine (it once waited a fixed 8 s); the 90 s the demo
+fixture gives torch's import, measured at 20-40 s beside a spinning process on 2 cores."""
+
+
 def _burst_when_hooked(pid: int, out: list[subprocess.CompletedProcess[str]]) -> None:
     """Wait for the injected hook to publish, then ``torchwatch burst PID`` (one step)."""
-    deadline = time.monotonic() + 8
+    deadline = time.monotonic() + HOOKED_WITHIN_S
     while time.monotonic() < deadline:
         d = hook_dir(pid)
         if d is not None and (d / "hook.json").exists():
@@ -103,13 +112,77 @@ def _burst_when_hooked(pid: int, out: list[subprocess.CompletedProcess[str]]) ->
         time.sleep(0.1)
     out.append(
         subprocess.run(
-            [sys.executable, "-m", "torchwatch", "burst", "--steps", "1", "--wait", "30", str(pid)],
+            [sys.executable, "-m", "torchwatch", "burst", "--steps", "1", "--wait", "60", str(pid)],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             cwd=REPO,
         )
     )
+
+
+class Attach:
+    """``torchwatch attach --headless --json OUT PID`` running until the test stops it with SIGINT
+    (:meth:`stop`), its stderr (the status lines, the injection's lines) read as it comes."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.out = out
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchwatch", "attach", "--headless", "--json", str(out), str(pid)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def status_lines(self) -> int:
+        """Status lines printed so far (one per analysis that printed)."""
+        return sum(1 for line in list(self.lines) if re.match(STATUS_LINE, line))
+
+    def read_after(self, pid: int, timeout: float) -> bool:
+        """Whether, within ``timeout`` s, the injected hook published an optimizer step and the
+        training's DataLoader, and two status lines came after that (torchwatch read the hook again
+        since: its report then holds both). A fixed watch of 10 s ended before the DataLoader was
+        published on a loaded machine."""
+        deadline = time.monotonic() + timeout
+        seen: int | None = None
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if seen is None:
+                reader = HookReader(pid)
+                rec = reader.record()
+                counters = reader.counters() if rec is not None else None
+                if rec is not None and rec.dataloaders and counters is not None and counters.steps >= 1:
+                    seen = self.status_lines()
+            elif self.status_lines() >= seen + 2:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def stop(self) -> tuple[int, str, dict[str, Any] | None]:
+        """SIGINT (attach takes the hook out and writes the report), then its status, stderr and report."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(10)
+        report = json.loads(self.out.read_text()) if self.out.exists() else None
+        return self.proc.returncode, "".join(self.lines), report
+
+
+STATUS_LINE = r"torchwatch \[\s*\d+s\] "
+"""The start of a status line (``--headless``)."""
 
 
 def test_attach_injects_into_a_plain_training_and_detaching_restores_it(dataloader_demo: Demo, tmp_path: Path) -> None:
@@ -119,20 +192,29 @@ def test_attach_injects_into_a_plain_training_and_detaching_restores_it(dataload
     burster = threading.Thread(target=_burst_when_hooked, args=(pid, bursts))
     burster.start()
     out = tmp_path / "attach.json"
-    watched = torchwatch("attach", "--headless", "--duration", "10", "--json", str(out), str(pid), json_path=out)
-    burster.join(60)
+    # attach watches until the burst has ended, then is stopped (Ctrl-C): a fixed --duration ended
+    # it, and took the hook out, before a burst on a loaded machine had ended ("PID exited before
+    # the burst ended")
+    attach = Attach(pid, out)
+    try:
+        burster.join(HOOKED_WITHIN_S + 150)
+        assert not burster.is_alive(), "torchwatch burst did not end"
+        read = attach.read_after(pid, HOOKED_WITHIN_S)  # and torchwatch has read the hook's steps
+    finally:
+        code, stderr, report = attach.stop()
+    assert read, stderr
     ended = time.monotonic()
-    assert watched.code == 0, watched.stderr
-    assert f"hook injected into PID {pid}" in watched.stderr, watched.stderr
-    assert re.search(r"the training was held \d+ ms", watched.stderr), watched.stderr
-    assert f"hook taken out of PID {pid}" in watched.stderr, watched.stderr
     assert bursts and bursts[0].returncode == 0, bursts and bursts[0].stderr
-    assert watched.report is not None
-    injection = watched.report["injection"]
+    assert code == -signal.SIGINT, stderr  # ended by the Ctrl-C (a shell: 130), after the report
+    assert f"hook injected into PID {pid}" in stderr, stderr
+    assert re.search(r"the training was held \d+ ms", stderr), stderr
+    assert f"hook taken out of PID {pid}" in stderr, stderr
+    assert report is not None and report["ended_by"] == "SIGINT", stderr
+    injection = report["injection"]
     assert injection["injected"] and injection["method"] == "ptrace" and injection["pause_ms"] > 0, injection
-    hook = watched.report["hook"]
+    hook = report["hook"]
     assert hook["status"] == "ok", hook
-    assert hook["steps"] >= 1
+    assert hook["steps"] >= 1, (hook, stderr[-3000:])
     assert hook["data_wait_fraction"] is not None and hook["data_wait_fraction"] > 0.2  # a dataloader-bound demo
     loader = hook["dataloader"]
     # the demo's own settings (demo/dataloader_bound.py), found for an iterator made before the injection
@@ -152,10 +234,16 @@ def test_attach_injects_into_a_plain_training_and_detaching_restores_it(dataload
     assert d is not None and not d.exists()
     # attach again: injected again, read again, taken out again
     out2 = tmp_path / "again.json"
-    again = torchwatch("attach", "--headless", "--duration", "6", "--json", str(out2), str(pid), json_path=out2)
-    assert again.code == 0, again.stderr
-    assert f"hook injected into PID {pid}" in again.stderr and f"hook taken out of PID {pid}" in again.stderr
-    assert again.report is not None and again.report["hook"]["status"] == "ok", again.report and again.report["hook"]
+    # (until it has read the hook: a fixed 6 s watch ended before that on a loaded machine)
+    again = Attach(pid, out2)
+    try:
+        read = again.read_after(pid, HOOKED_WITHIN_S)
+    finally:
+        code, stderr, report = again.stop()
+    assert read, stderr
+    assert code == -signal.SIGINT, stderr
+    assert f"hook injected into PID {pid}" in stderr and f"hook taken out of PID {pid}" in stderr
+    assert report is not None and report["hook"]["status"] == "ok", report and report["hook"]
     assert sigcgt(pid) == before
     assert dataloader_demo.proc.poll() is None
     # nothing left to detach: one line, exit 1

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import DEMO, REPO, Watched
+from torchwatch.watch.lifecycle import INTERRUPT_GRACE_S
 
 pytestmark = pytest.mark.integration
 
@@ -77,11 +78,15 @@ class Watching:
         for line in stream:
             self.stderr.append(line)
 
-    def wait_for_label(self, timeout: float = 60.0) -> None:
-        """Until a status line names a label with some confidence (the training runs its loop)."""
+    def wait_for_label(self, timeout: float = 120.0) -> None:
+        """Until a status line names a label with some confidence and the training has printed a
+        step (its loop runs: a label came while a loaded machine's training was still importing
+        torch, and the stop then interrupted the import). ``timeout``: torch's import and the
+        first steps beside a spinning process on 2 cores, x 3."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any("bound (" in ln for ln in self.stderr):
+            lines = list(self.stderr)
+            if any("bound (" in ln for ln in lines) and any(re.search(r"\bstep \d+,", ln) for ln in lines):
                 return
             if self.proc.poll() is not None:
                 break
@@ -168,7 +173,9 @@ def test_a_stop_signal_leaves_the_report_and_no_process(tmp_path: Path, signals:
     finally:
         w.kill()
     assert gone
-    assert took < 8.0  # no 10 s SIGINT grace waited for a signal the training never got
+    # no SIGINT grace waited for a signal the training never got: a deadline from the wrong
+    # behaviour (it takes the grace and more), not a speed target
+    assert took < INTERRUPT_GRACE_S, took
     assert w.proc.returncode == -signals[0], "".join(w.stderr[-20:])  # ended by the signal it got
     data = w.report()
     assert data["ended_by"] == signal.Signals(signals[0]).name
@@ -233,7 +240,7 @@ def test_ctrl_c_stops_a_training_that_ignores_sigint_without_the_grace(tmp_path:
     finally:
         w.kill()
     assert gone
-    assert took < 5.0  # SIGTERM at once: 10 s of SIGINT grace would be waited for nothing
+    assert took < INTERRUPT_GRACE_S, took  # SIGTERM at once: the SIGINT grace would be waited for nothing
     assert w.report()["ended_by"] == "SIGINT"
     assert w.report()["target"]["exit_code"] == 128 + signal.SIGTERM
 
@@ -409,10 +416,9 @@ def test_tui_report_survives_its_terminal_closing(tmp_path: Path) -> None:
     tmux("new-session", "-d", "-x", "100", "-y", "30", "-s", "tw", command + "; sleep 60")
     try:
         shell = int(tmux("list-panes", "-t", "tw", "-F", "#{pane_pid}").split()[0])
-        screen = tmux.wait_for(lambda s: "cpu-bound" in s, 40.0)
+        screen = tmux.wait_for(lambda s: "cpu-bound" in s, 60.0)  # a wait: the label is the point, not how soon
         assert "cpu-bound" in screen, screen
         tree = [psutil.Process(p) for p in descendants(shell)]
-        start = time.monotonic()
         tmux.kill()  # the terminal closes: SIGHUP
         gone = gone_within(tree, 20.0)
     finally:
@@ -421,4 +427,3 @@ def test_tui_report_survives_its_terminal_closing(tmp_path: Path) -> None:
     assert gone is not None, [(p.pid, p.cmdline()) for p in alive(tree)]
     data = json.loads(out.read_text())
     assert data["ended_by"] == "SIGHUP" and data["verdict"]["label"] in ("cpu-bound", "undetermined")
-    assert time.monotonic() - start < 20

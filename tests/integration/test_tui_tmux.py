@@ -23,13 +23,15 @@ from tests.integration.conftest import REPO
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.quiet,  # the demo's label on the screen within VERDICT_WITHIN_S
+    pytest.mark.quiet,  # the demo's label on the screen
     pytest.mark.skipif(
         shutil.which("tmux") is None, reason="tmux is not installed: the real-terminal TUI test needs it"
     ),
 ]
 
-VERDICT_WITHIN_S = 20.0
+VERDICT_WITHIN_S = 60.0
+"""How long the test waits for the label on the screen: 3 x the 20 s it once had to come in (how
+soon it comes: ``bench/first_verdict.py``, the same session under ``--headless``)."""
 
 
 _ENV = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES")}
