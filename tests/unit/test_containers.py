@@ -181,3 +181,20 @@ def test_a_pod_with_its_own_tmp_and_root_is_read_through_its_root() -> None:
         assert wire.sees_same(pid, "/tmp") is False and wire.sees_same(pid, str(Path(__file__).parent)) is True
         view = facts.read_view(pid, str(Path(__file__).resolve().parents[2]), 0)
         assert view.root is not None and view.shared_tmp is None and view.own_tmp == "/tmp" and view.package
+
+
+@needs_pods
+def test_the_report_gives_both_pids_of_a_training_in_a_container() -> None:
+    from torchwatch.model.report import ReportTarget, decode_section
+    from torchwatch.watch.observe import target_view
+
+    assert target_view(os.getpid(), ("python",), None, False).ns_pid is None
+    with pod([sys.executable, "-c", "import time; time.sleep(30)"]) as p:
+        pid = p.init_pid()
+        view = target_view(pid, ("python", "train.py"), None, False)
+    assert (view.pid, view.ns_pid) == (pid, 1)
+    written = ReportTarget(pid=pid, cmdline=("python",), exit_code=None, ns_pid=view.ns_pid)
+    assert (
+        decode_section(ReportTarget, {"pid": pid, "cmdline": ["python"], "exit_code": None, "ns_pid": 1}, "target")
+        == written
+    )
