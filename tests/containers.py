@@ -4,7 +4,7 @@ A :func:`pod` is what a container runtime makes of a training, made with ``unsha
 as root: its own PID namespace (the training is PID 1 there, its threads have small IDs), and
 as asked its own mount namespace with a new ``/proc`` (``mount``), its own ``/tmp`` and
 ``/dev/shm`` (tmpfs: ``own_tmp``), its own root (``own_root``: the machine's root bind-mounted, recursively, on a
-fresh directory and ``chroot``-ed into, so ``/proc/PID/root`` is not torchwatch's ``/``), its
+fresh directory and ``pivot_root``-ed into, so ``/proc/PID/root`` is not torchwatch's ``/``), its
 own network namespace (``net``), and a cgroup v1 CPU quota and memory limit (``limits``: the
 groups are made under ``/sys/fs/cgroup/{cpu,memory}`` and the pod enters them before
 ``unshare``). The pod's processes are killed when it ends, failed or not: ``unshare
@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,8 +37,8 @@ def refused(**kinds: bool) -> str:
     ``unshare``, the kernel refusing a namespace, or no cgroup v1 ``cpu``/``memory`` hierarchy."""
     if os.geteuid() != 0:
         return "pods need root (unshare, mount, cgroups)"
-    if shutil.which("unshare") is None or shutil.which("chroot") is None:
-        return "unshare or chroot not found (util-linux, coreutils)"
+    if shutil.which("unshare") is None or shutil.which("pivot_root") is None:
+        return "unshare or pivot_root not found (util-linux)"
     try:
         with pod(["true"], **kinds) as p:
             p.proc.wait(timeout=30)
@@ -85,7 +86,8 @@ class Pod:
     """A running pod.
 
     Attributes:
-        proc: the ``unshare`` process (torchwatch's namespace); ``proc.stdout``/``stderr`` are the pod's.
+        proc: the ``unshare`` process (torchwatch's namespace); ``proc.stdout`` is the pod's.
+        lines: the pod's stderr so far (read in the background).
         root: the pod's root directory as torchwatch sees it (``own_root``), else ``None``.
         limits: its cgroup limits, or ``None``.
     """
@@ -93,6 +95,27 @@ class Pod:
     proc: subprocess.Popen[str]
     root: Path | None
     limits: Limits | None
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_stderr(self, text: str, timeout: float = 120.0) -> None:
+        """Wait until a line of the pod's stderr holds ``text`` (a demo's ``: step``).
+
+        Raises:
+            TimeoutError: not within ``timeout`` s, or the pod ended first (its last lines in the message).
+        """
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise TimeoutError(f"no {text!r} from the pod: {''.join(self.lines[-20:])}")
+            time.sleep(0.1)
 
     def init_pid(self, timeout: float = 30.0, exe: str = "python") -> int:
         """The host PID of the pod's PID 1 once it runs ``exe`` (after the set-up shell's execs).
@@ -129,7 +152,7 @@ def _end(proc: subprocess.Popen[str]) -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.communicate(timeout=30)
+        proc.wait(timeout=30)
     psutil.wait_procs(inside, timeout=10)
 
 
@@ -170,8 +193,11 @@ def pod(
         setup.append("mount -t tmpfs -o mode=1777,size=64m torchwatch-pod-shm /dev/shm")  # as docker's own
     run = shlex.join(argv)
     if root is not None:
-        setup.append(f"mount --rbind / {shlex.quote(str(root))}")
-        run = f"chroot {shlex.quote(str(root))} sh -c {shlex.quote(f'cd {shlex.quote(str(cwd))} && exec {run}')}"
+        # as a runtime does: the new root bound, pivot_root into it, the old one unmounted (so the
+        # kernel names the pod's files from its own root, /usr/lib/..., as in a real container)
+        r = shlex.quote(str(root))
+        setup += [f"mount --rbind / {r}", f"cd {r}", f"pivot_root . .{r}", f"umount -l {r}"]
+        run = f"sh -c {shlex.quote(f'cd {shlex.quote(str(cwd))} && exec {run}')}"
     setup.append(f"exec {run}")
     flags = ["--pid", "--fork", "--kill-child"] + (["--mount-proc"] if mount else []) + (["--net"] if net else [])
     command = ["unshare", *flags, "sh", "-c", "; ".join(setup)]
