@@ -198,3 +198,18 @@ def test_the_report_gives_both_pids_of_a_training_in_a_container() -> None:
         decode_section(ReportTarget, {"pid": pid, "cmdline": ["python"], "exit_code": None, "ns_pid": 1}, "target")
         == written
     )
+
+
+@needs_pods
+@pytest.mark.skipif(find_pyspy() is None, reason="py-spy not installed")
+def test_a_thread_dump_of_a_pid_1_names_its_main_thread_by_our_id() -> None:
+    from torchwatch.sources.pyspy import dump_threads
+
+    with pod([sys.executable, "-c", SPIN], stdout=subprocess.PIPE) as p:
+        pid = p.init_pid()
+        assert p.proc.stdout is not None
+        p.proc.stdout.readline()
+        threads, error, _took = dump_threads(pid, nonblocking=True)
+    assert error is None and threads, error
+    assert threads[0].tid == pid and threads[0].name == "MainThread", threads  # main first, by torchwatch's ID
+    assert all(t.tid != 1 for t in threads)
