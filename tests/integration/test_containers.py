@@ -189,3 +189,34 @@ def test_two_pods_cannot_write_each_others_hook_channel(tmp_path: Path) -> None:
             assert wire.REQUEST_FILE not in os.listdir(fd)
         finally:
             os.close(fd)
+
+
+GROW = """
+import time
+time.sleep(4)
+chunks = []
+while True:  # 8 MiB a step, every page touched, until the container's limit kills it
+    chunks.append(bytearray(8 << 20))
+    for i in range(0, len(chunks[-1]), 4096):
+        chunks[-1][i] = 1
+    time.sleep(0.05)
+"""
+
+
+@needs_pods
+def test_an_out_of_memory_kill_at_the_containers_limit_is_recorded_with_that_limit(tmp_path: Path) -> None:
+    """Watched from the host: the kill (the kernel log names the host PID) and the container's 400
+    MiB limit, not the machine's (a killed process's cgroup reads as the root group)."""
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("the kernel log is not readable here")
+    with pod([sys.executable, "-c", GROW], limits=Limits(cpus=1.0, memory=400 << 20)) as p:
+        pid = p.init_pid()
+        out = tmp_path / "oom.json"
+        watched = torchwatch(
+            "attach", "--headless", "--no-inject", "--duration", "20", "--json", str(out), str(pid), json_path=out
+        )
+    assert watched.report is not None, watched.stderr[-3000:]
+    memory = watched.report["memory"]
+    kills = [r for r in memory["records"] if r["pid"] == pid]
+    assert kills and "Killed process" in kills[0]["how"], memory
+    assert kills[0]["limit_bytes"] == 400 << 20 and "cgroup v1 memory limit" in kills[0]["limit_source"], kills[0]

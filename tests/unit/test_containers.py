@@ -213,3 +213,29 @@ def test_a_thread_dump_of_a_pid_1_names_its_main_thread_by_our_id() -> None:
     assert error is None and threads, error
     assert threads[0].tid == pid and threads[0].name == "MainThread", threads  # main first, by torchwatch's ID
     assert all(t.tid != 1 for t in threads)
+
+
+@needs_pods
+def test_a_containers_memory_limit_is_not_lost_when_its_process_has_exited() -> None:
+    """A zombie's /proc/PID/cgroup names the root group: read as "no limit", the out-of-memory record
+    of a container's main process killed at 400 MiB named the machine. Now there is no reading."""
+    from tests.containers import Limits
+    from torchwatch.sources.memory import read_limit
+
+    limits = Limits(cpus=1.0, memory=400 << 20)
+    enter = limits.make()
+    try:
+        proc = subprocess.Popen(["sh", "-c", f"echo $$ > {enter[1]}; read line"], stdin=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not Path(enter[1]).read_text().split():
+            time.sleep(0.05)
+        alive = read_limit(proc.pid)
+        assert alive is not None and alive.limit == 400 << 20 and "cgroup v1" in alive.source, alive
+        assert proc.stdin is not None
+        proc.stdin.close()  # it exits; not reaped yet: a zombie
+        while time.monotonic() < deadline and Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            time.sleep(0.05)
+        assert read_limit(proc.pid) is None
+        proc.wait()
+    finally:
+        limits.remove()
