@@ -120,7 +120,8 @@ def test_run_inside_a_container_with_its_own_root_and_tmp() -> None:
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     assert report["target"].get("ns_pid") is None  # torchwatch and the training share the pod's namespace
-    assert report["sources"]["py-spy"]["status"] == "ok" and (report["features"]["stack_samples"] or 0) > 0
+    # py-spy read the loop; its last chunk may end after --duration stopped the training ("gone")
+    assert report["sources"]["py-spy"]["status"] in ("ok", "gone") and (report["features"]["stack_samples"] or 0) > 0
     assert report["hook"] is not None and report["hook"]["steps"] > 0, report["hook"]
     _label_or_busy(report)
 
