@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -244,11 +245,25 @@ def _root_with(tool: str) -> None:
         pytest.skip(f"no {tool}")
 
 
-def test_another_mount_namespace_is_refused(scripts: Path) -> None:
+def test_another_mount_namespace_is_injected_into_through_its_root(scripts: Path) -> None:
+    """Refused before whenever the mount namespace differed. The same files: the injection's go to
+    /tmp as for any process. A /tmp and /dev/shm of its own: they are placed in its /tmp through
+    /proc/PID/root (the refusal, when neither works, is tests/unit/test_inject_checks.py's)."""
     _root_with("unshare")
     with running(["unshare", "--mount", sys.executable, str(scripts / "loop.py"), "60"]) as target:
         outcome = inject(target.pid)
-        assert not outcome.ok and "mount namespace" in outcome.reason
+        assert outcome.ok, outcome.reason
+        found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
+        assert "as torchwatch does" in found["mount-namespace"], found
+    own = (  # the script (in /tmp) is opened before its own /tmp hides it
+        f"exec 3< {shlex.quote(str(scripts / 'loop.py'))} && mount -t tmpfs tmpfs /tmp && "
+        f"mount -t tmpfs tmpfs /dev/shm && exec {shlex.quote(sys.executable)} /dev/fd/3 60"
+    )
+    with running(["unshare", "--mount", "sh", "-c", own]) as target:
+        outcome = inject(target.pid)
+        assert outcome.ok, outcome.reason
+        found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
+        assert f"placed there through /proc/{target.pid}/root" in found["mount-namespace"], found
 
 
 def test_another_pid_namespace_works_and_the_target_sees_its_own_pid(scripts: Path) -> None:

@@ -58,6 +58,7 @@ def plan(h: Host, t: Target, **kw: object) -> checks.Plan:
     kw.setdefault("missing_injector", None)
     kw.setdefault("hooked", lambda _t: None)
     kw.setdefault("stat_fn", lambda p: os.stat_result((0o40755, 0, 0, 0, 0, 0, 0, 0, 0, 0)))
+    kw.setdefault("view", facts.View(None))  # the target's files are ours (no container)
     return checks.evaluate(h, t, **kw)  # type: ignore[arg-type]
 
 
@@ -169,14 +170,30 @@ def test_hook_evidence_from_the_environment_and_from_the_published_directory(tmp
     assert checks.hook_evidence(dataclasses.replace(t, start_ticks=124)) is None
 
 
-def test_another_mount_namespace_is_refused_and_another_pid_namespace_only_warned() -> None:
+def test_another_mount_namespace_is_refused_only_when_no_files_can_reach_it() -> None:
+    """A container sees /tmp as torchwatch does, or has its own /tmp torchwatch reaches through its
+    root: injection goes ahead (a warning when it does not see torchwatch's package). Refused, with
+    why, only when neither works. Another PID namespace is only a warning."""
     t = target(namespaces={"pid": "pid:[9]", "mnt": "mnt:[9]", "user": "user:[3]"}, ns_pids=(4242, 7))
-    p = plan(host(), t)
-    assert "mount namespace" in failed(p)["mount-namespace"]
-    warn = next(f for f in p.findings if f.check == "pid-namespace")
+    root = "/proc/4242/root"
+    shared = plan(host(), t, view=facts.View(root, package=True, shared_tmp="/tmp"))
+    assert shared.method == "ptrace", shared.refusals
+    mnt = next(f for f in shared.findings if f.check == "mount-namespace")
+    assert mnt.level == "ok" and "sees /tmp as torchwatch does" in mnt.finding
+    own = plan(host(), t, view=facts.View(root, package=False, own_tmp="/tmp"))
+    assert own.method == "ptrace", own.refusals
+    assert "placed there through /proc/4242/root" in next(
+        f.finding for f in own.findings if f.check == "mount-namespace"
+    )
+    pkg = next(f for f in own.findings if f.check == "package-view")
+    assert pkg.level == "warn" and "/opt/tw" in pkg.finding
+    neither = plan(host(), t, view=facts.View(root, package=True, why="/tmp: Permission denied"))
+    assert neither.method is None
+    assert "cannot place files it can read: /tmp: Permission denied" in failed(neither)["mount-namespace"]
+    warn = next(f for f in shared.findings if f.check == "pid-namespace")
     assert warn.level == "warn" and "PID 7 inside" in warn.finding
-    p = plan(host(), dataclasses.replace(t, namespaces={**t.namespaces, "mnt": "mnt:[2]"}))
-    assert p.method == "ptrace"
+    same = plan(host(), dataclasses.replace(t, namespaces={**t.namespaces, "mnt": "mnt:[2]"}))
+    assert same.method == "ptrace" and not any(f.check == "mount-namespace" for f in same.findings)
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,57 @@ def check_container(kind: str | None, host: Host, init_pid_ns: str | None) -> Fi
     )
 
 
+def check_target_namespaces(
+    host: Host, target: facts.Target, view: facts.View, hook_base: str, refused: str
+) -> list[Finding]:
+    """Which PID and mount namespace ``target`` is in against torchwatch's, and what works across
+    them: stacks and IDs (py-spy's thread IDs, the hook's PIDs, translated through ``NSpid``), the
+    hook's files (read through ``/proc/PID/root``). Injection across them is
+    :func:`~torchwatch.inject.checks.namespaces`'s (the ``inject/`` lines).
+
+    Args:
+        view: what the target sees of torchwatch's files (:func:`~torchwatch.inject.facts.read_view`).
+        hook_base: the target's hook base directory, as the target names it.
+        refused: why the hook would refuse that directory (``""``: fine or not made yet).
+    """
+    pid, ours, theirs = target.pid, host.namespaces, target.namespaces
+    out: list[Finding] = []
+    if ours.get("pid") == theirs.get("pid") or "pid" not in theirs:
+        out.append(Finding("ok", "pid-namespace", f"PID {pid} is in torchwatch's PID namespace: IDs are the same"))
+    else:
+        inner = target.ns_pids[-1] if target.ns_pids else pid
+        out.append(
+            Finding(
+                "ok",
+                "pid-namespace",
+                f"PID {pid} is PID {inner} in its own PID namespace ({theirs.get('pid')}; torchwatch's "
+                f"{ours.get('pid')}): py-spy's thread IDs, the hook's records and its ranks' PIDs are "
+                "translated through NSpid, and every ID torchwatch shows is its own (host) PID",
+            )
+        )
+    if view.root is None:
+        out.append(Finding("ok", "mount-namespace", f"PID {pid} sees the same files as torchwatch"))
+    else:
+        out.append(
+            Finding(
+                "ok",
+                "mount-namespace",
+                f"PID {pid} sees another filesystem ({theirs.get('mnt', 'another root')}; torchwatch's "
+                f"{ours.get('mnt', '?')}): its hook files ({hook_base} in its view) are read through {view.root}",
+            )
+        )
+    if refused:
+        out.append(
+            Finding(
+                "warn",
+                "hook-files",
+                f"the hook of PID {pid} refuses {hook_base}: {refused}",
+                "set TORCHWATCH_DIR for the training to a private directory of its user",
+            )
+        )
+    return out
+
+
 def _version_tuple(text: str) -> tuple[int, ...] | None:
     m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
     return None if m is None else tuple(int(g) for g in m.groups() if g is not None)
@@ -356,8 +407,13 @@ def run_checks(pid: int | None, m: Machine) -> list[tuple[Finding, bool]]:
     out.append(check_cpu_quota(affinity, usable_cpus(pid if pid is not None else "self")))
     out.append(check_shm(_shm_bytes(m.shm)))
     out.append(check_hook_dir(wire.base_dir(m.environ), os.geteuid()))
-    if target is not None:
-        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing())
+    if target is not None and pid is not None:
+        from torchwatch.sources.hook import HookReader
+
+        view = facts.read_view(pid, host.package_root, target.uids[1] if target.uids else None)
+        reader = HookReader(pid)
+        out += check_target_namespaces(host, target, view, str(reader.base or "?"), reader.base_refused())
+        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing(), view=view)
         for f in plan.findings:
             level: checks.Level = "warn" if f.level == "fail" else f.level
             out.append(Finding(level, f"inject/{f.check}", f.finding, f.fix))

@@ -133,7 +133,9 @@ def build(
         torchwatch_version=__version__,
         created=when.strftime("%Y-%m-%dT%H:%M:%SZ"),
         host=socket.gethostname(),
-        target=ReportTarget(pid=obs.target.pid, cmdline=tuple(obs.target.cmdline), exit_code=code),
+        target=ReportTarget(
+            pid=obs.target.pid, cmdline=tuple(obs.target.cmdline), exit_code=code, ns_pid=obs.target.ns_pid
+        ),
         ended_by=ended_by,
         window=ReportWindow(seconds=float(obs.window_s)),
         verdict=Verdict(verdict.label, round(verdict.confidence, 2), verdict.summary),
@@ -328,6 +330,8 @@ def render_text(report: Report) -> str:
     units = report.feature_units
     cmd = " ".join(escape(a) for a in target.cmdline) or "?"
     exit_part = "" if target.exit_code is None else f", exit {target.exit_code}"
+    if target.ns_pid is not None:  # a container's process: both sides, torchwatch's PID first
+        exit_part = f", PID {target.ns_pid} in its own PID namespace{exit_part}"
     ended = None if report.ended_by is None else ENDINGS.get(report.ended_by)
     ended_part = f"; {ended}" if ended else ""
     watched = "?" if report.watched_seconds is None else f"{report.watched_seconds:.0f}"

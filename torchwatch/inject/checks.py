@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from torchwatch.inject.facts import Host, Target
+from torchwatch.inject.facts import Host, Target, View, read_view
 
 Level = Literal["ok", "warn", "fail"]
 Method = Literal["remote_exec", "ptrace"]
@@ -271,21 +271,55 @@ def method(host: Host, target: Target, missing_injector: str | None) -> tuple[Me
     return "ptrace", Finding("ok", name, f"ptrace injector (hypno){note}")
 
 
-def namespaces(host: Host, target: Target) -> list[Finding]:
-    """Another mount namespace hides torchwatch's files from the target: refused. Another PID
-    namespace only renames the process (the hook inside names itself by its inner PID)."""
+def namespaces(host: Host, target: Target, view: View | None = None) -> list[Finding]:
+    """What another mount, PID or user namespace changes for an injection.
+
+    Another mount namespace (a container) is fine when the target can reach the injection's
+    files: a temporary directory it sees as torchwatch does, or else one of its own that
+    torchwatch reaches through ``/proc/PID/root`` and places them in (:class:`View`); refused
+    only when neither works. The injected code imports torchwatch from :attr:`Host.package_root`
+    (warned when the target does not see that directory: then only a torchwatch installed in
+    its own Python is found). Another PID namespace only renames the process (the hook inside
+    names itself by its inner PID; torchwatch translates). ``view`` ``None``: no other root.
+    """
     out: list[Finding] = []
     ours, theirs, pid = host.namespaces, target.namespaces, target.pid
-    if "mnt" in ours and "mnt" in theirs and ours["mnt"] != theirs["mnt"]:
-        out.append(
-            Finding(
-                "fail",
-                "mount-namespace",
-                f"PID {pid} sees another filesystem (mount namespace, e.g. a container): the injected code "
-                "could not load torchwatch's files",
-                "run torchwatch inside the same container",
+    if view is not None and view.root is not None:
+        where = "in another mount namespace (a container)"
+        if view.shared_tmp is not None:
+            out.append(
+                Finding("ok", "mount-namespace", f"PID {pid} is {where} and sees {view.shared_tmp} as torchwatch does")
             )
-        )
+        elif view.own_tmp is not None:
+            out.append(
+                Finding(
+                    "ok",
+                    "mount-namespace",
+                    f"PID {pid} is {where} with a {view.own_tmp} of its own: the injection's files are placed "
+                    f"there through {view.root}",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "fail",
+                    "mount-namespace",
+                    f"PID {pid} is {where} and torchwatch cannot place files it can read: {view.why}",
+                    "run torchwatch inside the same container, or start the training with torchwatch run",
+                )
+            )
+        if view.package:
+            out.append(Finding("ok", "package-view", f"PID {pid} sees torchwatch at {host.package_root}"))
+        else:
+            out.append(
+                Finding(
+                    "warn",
+                    "package-view",
+                    f"PID {pid} does not see torchwatch's files at {host.package_root}: the injected code "
+                    "loads only a torchwatch installed in its own Python",
+                    "pip install torchwatch in the container, or mount torchwatch's directory into it",
+                )
+            )
     if "pid" in ours and "pid" in theirs and ours["pid"] != theirs["pid"]:
         inner = target.ns_pids[-1] if target.ns_pids else pid
         out.append(
@@ -361,7 +395,8 @@ def hook_evidence(target: Target) -> str | None:
     The single place that knows how a hook announces itself (today: ``TORCHWATCH_HOOK=1`` in the
     environment, set by ``torchwatch run``, or a ``hook.json`` in its published directory,
     ``<pid>-<start>-<pidns>`` named as :attr:`torchwatch.wire.Instance.dir_name`, checked
-    with ``lstat``: nothing is opened or followed).
+    with ``lstat``: nothing is opened or followed; in a container, through its root:
+    :func:`torchwatch.wire.open_dir_in`).
     """
     from torchwatch import wire
 
@@ -376,8 +411,16 @@ def hook_evidence(target: Target) -> str | None:
         return None
     name = wire.Instance(inner, target.start_ticks, int(ns[5:-1])).dir_name
     path = wire.base_dir(env, target.uids[0]) / name / wire.STATE_FILE
+    root = wire.root_of(target.pid)  # in a container: its path, reached through its root
     try:
-        st = os.lstat(path)
+        if root is None:
+            st = os.lstat(path)
+        else:
+            fd = wire.open_dir_in(root, path.parent, set(target.uids), private=True)
+            try:
+                st = os.lstat(wire.STATE_FILE, dir_fd=fd)
+            finally:
+                os.close(fd)
     except OSError:
         return None
     return f"its hook publishes in {path.parent}" if stat.S_ISREG(st.st_mode) else None
@@ -390,6 +433,7 @@ def evaluate(
     missing_injector: str | None = None,
     hooked: Callable[[Target], str | None] = hook_evidence,
     stat_fn: StatFn = os.stat,
+    view: View | None = None,
 ) -> Plan:
     """Every check on ``target``, and the method to use when none failed.
 
@@ -398,6 +442,8 @@ def evaluate(
         missing_injector: :func:`injector_missing`'s answer (passed in so tests can set it).
         hooked: :func:`hook_evidence` (tests pass a stand-in).
         stat_fn: ``os.stat`` for :func:`package_access`.
+        view: what the target sees of torchwatch's files (:func:`~torchwatch.inject.facts.read_view`);
+            default read from the machine.
 
     Returns:
         A :class:`Plan`; ``plan.method`` is ``None`` when any finding failed.
@@ -406,7 +452,9 @@ def evaluate(
     how, finding = method(host, target, missing_injector)
     if finding is not None:
         findings.append(finding)
-    findings.extend(namespaces(host, target))
+    if view is None:
+        view = read_view(target.pid, host.package_root, target.uids[1] if target.uids else None)
+    findings.extend(namespaces(host, target, view))
     findings.append(package_access(host, target, stat_fn))
     evidence = hooked(target)
     if evidence:

@@ -309,3 +309,62 @@ def same_instance(pid: int, start_ticks: int | None, proc: Path = PROC) -> bool:
         return False
     after = stat.rpartition(b")")[2].split()
     return len(after) > 19 and after[19] == str(start_ticks).encode()
+
+
+TEMP_CANDIDATES = ("/tmp", "/dev/shm")  # where the injection's files may go, after this process's own TMPDIR
+
+
+@dataclass(frozen=True)
+class View:
+    """What a target in another mount namespace (a container) sees of torchwatch's files.
+
+    Attributes:
+        root: ``/proc/PID/root`` when it sees another filesystem (:func:`torchwatch.wire.root_of`),
+            else ``None`` (and every other field is moot: its paths are ours).
+        package: it sees torchwatch's package directory (:attr:`Host.package_root`) as the very
+            directory torchwatch runs from (same device and inode); ``None``: cannot be told.
+        shared_tmp: a temporary directory it sees as the same one torchwatch sees at that path
+            (the injection's files go there as for any process), or ``None``.
+        own_tmp: else, a temporary directory in its own view (``/tmp``) that torchwatch can open
+            through ``root`` (owned by root or the target's user, sticky or private): the
+            injection's files are placed there, or ``None``.
+        why: when neither, why not (one line).
+    """
+
+    root: str | None
+    package: bool | None = True
+    shared_tmp: str | None = None
+    own_tmp: str | None = None
+    why: str = ""
+
+
+def read_view(pid: int, package_root: str, uid: int | None, tmpdir: str | None = None) -> View:
+    """The :class:`View` of process ``pid`` (user ``uid``) from this process. Never raises.
+
+    Args:
+        package_root: the directory holding torchwatch's package (:attr:`Host.package_root`).
+        tmpdir: this process's temporary directory tried first (default ``tempfile.gettempdir()``).
+    """
+    import tempfile
+
+    from torchwatch import wire
+
+    root = wire.root_of(pid)
+    if root is None:
+        return View(None)
+    package = wire.sees_same(pid, package_root)
+    first = tmpdir or tempfile.gettempdir()
+    for candidate in dict.fromkeys((first, *TEMP_CANDIDATES)):
+        if os.path.isdir(candidate) and wire.sees_same(pid, candidate):
+            return View(root, package, shared_tmp=candidate)
+    owners = (0,) if uid is None else (0, uid)
+    reasons = []
+    for candidate in TEMP_CANDIDATES:
+        try:
+            fd = wire.open_dir_in(root, candidate, owners, private=False)
+        except OSError as exc:
+            reasons.append(f"{candidate}: {exc.strerror or exc}")
+            continue
+        os.close(fd)
+        return View(root, package, own_tmp=candidate)
+    return View(root, package, why="no temporary directory of its own is usable (" + "; ".join(reasons) + ")")

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchwatch import wire
 from torchwatch.inject import checks, facts, payload
 from torchwatch.inject.checks import Method, Plan
 from torchwatch.inject.facts import Host, Target
@@ -113,9 +114,19 @@ class _Workdir:
     so a name swapped underneath by the target's user cannot redirect a write, chmod or chown.
     """
 
-    def __init__(self, target_uid: int, target_gid: int, reachable: str) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="torchwatch-inject-", dir=reachable))
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    def __init__(self, target_uid: int, target_gid: int, reachable: str, root: str | None = None) -> None:
+        self.parent_fd: int | None = None
+        if root is None:
+            self.path = Path(tempfile.mkdtemp(prefix="torchwatch-inject-", dir=reachable))
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        else:
+            # In the target's own /tmp, reached through its root without following a link out of it;
+            # self.path is the target's name for it (what the injected code opens).
+            self.parent_fd = wire.open_dir_in(root, reachable, (0, target_uid), private=False)
+            name = f"torchwatch-inject-{secrets.token_hex(8)}"
+            os.mkdir(name, 0o700, dir_fd=self.parent_fd)
+            self.fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.parent_fd)
+            self.path = Path(reachable) / name
         self.other_user = target_uid != os.geteuid()
         if self.other_user:
             os.fchmod(self.fd, 0o711)  # the target may reach its files by name, not list or change them
@@ -174,7 +185,12 @@ class _Workdir:
         os.close(self.out_fd)
         os.close(self.fd)
         with contextlib.suppress(OSError):
-            self.path.rmdir()
+            if self.parent_fd is None:
+                self.path.rmdir()
+            else:
+                os.rmdir(self.path.name, dir_fd=self.parent_fd)
+        if self.parent_fd is not None:
+            os.close(self.parent_fd)
 
 
 def _reachable_tmp(uid: int, gids: list[int]) -> str:
@@ -186,10 +202,13 @@ def _reachable_tmp(uid: int, gids: list[int]) -> str:
 
 
 @contextlib.contextmanager
-def _workdir(target: Target) -> Iterator[_Workdir]:
+def _workdir(target: Target, view: facts.View) -> Iterator[_Workdir]:
     uid = target.uids[1] if target.uids else os.geteuid()
     gid = target.gids[1] if target.gids else os.getegid()
-    work = _Workdir(uid, gid, _reachable_tmp(uid, [gid, *target.groups]))
+    if view.root is not None and view.shared_tmp is None and view.own_tmp is not None:
+        work = _Workdir(uid, gid, view.own_tmp, view.root)
+    else:
+        work = _Workdir(uid, gid, view.shared_tmp or _reachable_tmp(uid, [gid, *target.groups]))
     try:
         yield work
     finally:
@@ -378,11 +397,12 @@ class Injector:
             return Outcome(False, f"no process with PID {pid} (check it with: pgrep -af python)")
         host = self.host or facts.read_host(self.proc)
         hooked = (lambda _target: None) if into_hooked else checks.hook_evidence
-        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing(), hooked=hooked)
+        view = facts.read_view(pid, host.package_root, target.uids[1] if target.uids else None)
+        plan = checks.evaluate(host, target, missing_injector=checks.injector_missing(), hooked=hooked, view=view)
         if plan.method is None:
             return Outcome(False, f"cannot inject into PID {pid}: {plan.reason()}", plan=plan)
         token = secrets.token_hex(16)
-        with _workdir(target) as work:
+        with _workdir(target, view) as work:
             params: dict[str, Any] = {
                 "out": str(work.out),
                 "token": token,

@@ -88,6 +88,9 @@ class TargetView:
         exited: one line saying it exited, with its exit status, or ``None`` while it runs.
         exit_code: its shell-style exit status (128+N for signal N) when known.
         gone: it has exited (``attach`` knows that, not the status).
+        ns_pid: its PID inside its own PID namespace (a container: 1 when it is the container's
+            first process) when that namespace is not torchwatch's, else ``None``. Every other
+            PID torchwatch shows, ``pid`` too, is torchwatch's own (the host's, on the node).
     """
 
     pid: int
@@ -95,6 +98,7 @@ class TargetView:
     exited: str | None = None
     exit_code: int | None = None
     gone: bool = False
+    ns_pid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -137,11 +137,14 @@ def schema_version(schema: object) -> tuple[int, int] | None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReportTarget:
     """``target``: the process torchwatch was given: its PID, command line and shell-style exit
-    status (``None``: still running, or not known)."""
+    status (``None``: still running, or not known), and its PID inside its own PID namespace
+    (``ns_pid``: a container's; not written when it shares torchwatch's, where ``pid`` is the same).
+    ``pid`` and every other PID of the report are torchwatch's (the host's, on the node)."""
 
     pid: int
     cmdline: tuple[str, ...]
     exit_code: int | None
+    ns_pid: int | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

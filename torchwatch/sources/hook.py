@@ -100,11 +100,13 @@ def instance_of(pid: int) -> wire.Instance:
     return wire.Instance(local, start, ns)
 
 
-def _base(pid: int, uid: int | None) -> Path:
-    """The target's hook base directory; a relative ``TORCHWATCH_DIR`` is taken from its
-    working directory (the hook fixes it when it starts)."""
+def _base(pid: int, uid: int | None, root: str | None = None) -> Path:
+    """The target's hook base directory, as the target names it; a relative ``TORCHWATCH_DIR``
+    is taken from its working directory (the hook fixes it when it starts), except across
+    mount namespaces (``root`` set: :func:`torchwatch.wire.root_of`), where it stays relative
+    and is refused when opened."""
     base = wire.base_dir(_environ(pid), uid)
-    if not base.is_absolute():
+    if not base.is_absolute() and root is None:
         with contextlib.suppress(OSError):
             base = Path(os.readlink(f"/proc/{pid}/cwd")) / base
     return base
@@ -117,7 +119,7 @@ def hook_dir(pid: int) -> Path | None:
         inst = instance_of(pid)
     except wire.WireError:
         return None
-    return _base(pid, _uid(pid)) / inst.dir_name
+    return _base(pid, _uid(pid), wire.root_of(pid)) / inst.dir_name
 
 
 class HookReader:
@@ -125,7 +127,12 @@ class HookReader:
 
     Args:
         pid: the training process (a PID of torchwatch's namespace).
-        directory: its hook directory; default :func:`hook_dir`.
+        directory: its hook directory, as the process names it; default :func:`hook_dir`.
+
+    A process in another mount namespace (a container) names its directory in its own view of
+    the filesystem: it is reached through ``/proc/PID/root`` (:attr:`root`), every component
+    opened without following links out of that root (:func:`torchwatch.wire.open_dir_in`), and
+    the same owner, mode and size checks apply.
 
     Attributes:
         reason: why the last read found no usable hook (one line; ``""`` after a good read).
@@ -133,11 +140,13 @@ class HookReader:
             as opposed to files that were refused.
         gone: the process exited, or its PID now belongs to another process.
         seen: the hook published at least once.
+        root: ``/proc/PID/root`` when the process sees another filesystem, else ``None``.
     """
 
     def __init__(self, pid: int, directory: Path | None = None) -> None:
         self.pid = pid
         self.uid = _uid(pid)
+        self.root = wire.root_of(pid)
         try:
             self.instance: wire.Instance | None = instance_of(pid)
             self.reason = ""
@@ -146,7 +155,7 @@ class HookReader:
         if directory is not None:
             self.dir: Path | None = directory
         elif self.instance is not None:
-            self.dir = _base(pid, self.uid) / self.instance.dir_name
+            self.dir = _base(pid, self.uid, self.root) / self.instance.dir_name
         else:
             self.dir = None
         self.base = self.dir.parent if self.dir is not None else None
@@ -180,7 +189,7 @@ class HookReader:
         """
         if self.dir is None or self.uid is None:
             raise wire.WireError(self.reason or f"PID {self.pid} cannot be read")
-        return wire.open_dir(self.dir, (self.uid,), private=True)
+        return wire.open_dir_in(self.root, self.dir, (self.uid,), private=True)
 
     def base_refused(self) -> str:
         """Why no hook of this process can publish at all: its base directory (``$TMPDIR/
@@ -192,7 +201,7 @@ class HookReader:
         if self.base is None or self.uid is None:
             return ""
         try:
-            fd = wire.open_dir(self.base, (self.uid,), private=False)
+            fd = wire.open_dir_in(self.root, self.base, (self.uid,), private=False)
         except wire.Unsafe as exc:
             return escape(str(exc))
         except OSError:

@@ -111,6 +111,15 @@ def _groups(pid: int) -> list[tuple[str, str]]:
     return out
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` is a zombie or dead (``/proc/PID/stat`` state ``Z``/``X``), or gone."""
+    text = _read(Path(f"/proc/{pid}/stat"))
+    if not text:
+        return True
+    state = text[text.rfind(")") + 2 : text.rfind(")") + 3]
+    return state in ("Z", "X", "x")
+
+
 def _v2_root(root: Path) -> Path | None:
     for cand in (root, root / "unified"):
         if (cand / "cgroup.controllers").exists():
@@ -142,10 +151,13 @@ def read_limit(pid: int, root: Path = CGROUP_ROOT) -> LimitReading | None:
         pid: a process of torchwatch's PID namespace. root: where cgroups are mounted.
     Returns:
         the tightest cgroup limit (v2, then v1 ``memory``), else the machine; ``None`` when
-        neither is readable (the process is gone).
+        neither is readable (the process is gone) or the process has exited: a zombie's
+        ``/proc/PID/cgroup`` names the root group (``cgroup_exit`` moves an exiting task there),
+        which would read as "no limit" right after a container's main process was killed at its
+        limit (its out-of-memory record then named the machine's 23.5 GiB, not the 400 MiB).
     """
     groups = _groups(pid)
-    if not groups:
+    if not groups or _exited(pid):  # the state after the groups: groups read while it lived hold
         return None
     best: LimitReading | None = None
     v2 = _v2_root(root)

@@ -39,6 +39,7 @@ from torchwatch.model.readings import (
     ThreadSample,
     Wait,
 )
+from torchwatch.sources import container
 from torchwatch.wire import (
     LAUNCHER_MODULES,
     LAUNCHER_SCRIPTS,
@@ -169,15 +170,17 @@ class ProcessTree:
     def mark_spawned_ranks(self, parent: int, pids: Iterable[int]) -> None:
         """Take ``pids`` as the ranks ``parent`` started with ``torch.multiprocessing.spawn`` (from
         its hook), from the next :meth:`refresh` on. Only ``parent``'s own children in the tree
-        become ranks, and only when ``parent`` shares torchwatch's PID namespace (the hook names
-        PIDs in its own)."""
-        try:
-            same_ns = os.stat(f"/proc/{parent}/ns/pid").st_ino == os.stat("/proc/self/ns/pid").st_ino
-        except OSError:
-            same_ns = False
+        become ranks. The hook names PIDs in its own PID namespace: in a container's, each is
+        translated to torchwatch's through the children's ``NSpid``
+        (:func:`~torchwatch.sources.container.host_pids`); one that is not a child now is dropped."""
+        wanted = frozenset(pids)
+        same_ns = container.same_namespace(parent)
+        if same_ns is None:
+            return
+        if not same_ns:
+            wanted = frozenset(container.host_pids(parent, wanted).values())
         with self._lock:
-            if same_ns:
-                self._spawned[parent] = frozenset(pids)
+            self._spawned[parent] = wanted
 
     def refresh(self) -> None:
         """Walk the tree again (new workers appear, finished ones vanish)."""

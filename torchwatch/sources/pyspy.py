@@ -22,13 +22,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from torchwatch.model.hang import DumpedThread
 from torchwatch.model.readings import Frame, Role, SourceStatus, StackSample, Status
 from torchwatch.model.text import escape
-from torchwatch.sources import FocusedSource
+from torchwatch.sources import FocusedSource, container
 
 _FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
@@ -43,7 +44,13 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def parse_raw(text: str, t: float, main_pid: int, role_of: Callable[[int], Role]) -> list[StackSample]:
+def parse_raw(
+    text: str,
+    t: float,
+    main_pid: int,
+    role_of: Callable[[int], Role],
+    tids: Mapping[int, int] | None = None,
+) -> list[StackSample]:
     """Parse py-spy's raw (collapsed) output into stack samples.
 
     Args:
@@ -52,6 +59,12 @@ def parse_raw(text: str, t: float, main_pid: int, role_of: Callable[[int], Role]
         t: timestamp for every sample (end of the chunk), monotonic seconds.
         main_pid: the PID py-spy was pointed at (used when lines carry no ``process`` frame).
         role_of: role of a PID in the watched tree.
+        tids: for a target in another PID namespace (a container), ``{thread ID inside it:
+            thread ID in torchwatch's}`` (:func:`~torchwatch.sources.container.thread_map`):
+            py-spy names threads as the target sees them (its main thread is 1 when it is
+            PID 1 there). Every thread ID of the result is torchwatch's; a line whose thread
+            is not in ``tids`` (it exited before the map was read) is dropped, never taken
+            for a host thread of the same number. ``None``: IDs are torchwatch's already.
 
     Returns:
         One :class:`StackSample` per line; malformed lines are skipped. Names (frames, files,
@@ -83,6 +96,10 @@ def parse_raw(text: str, t: float, main_pid: int, role_of: Callable[[int], Role]
                 frames.append(Frame(m.group("name"), m.group("file"), int(m.group("line"))))
         if tid is None:
             continue
+        if tids is not None:
+            if tid not in tids:
+                continue
+            tid = tids[tid]
         out.append(
             StackSample(
                 t=t,
@@ -121,6 +138,16 @@ def _ptrace_scope() -> int | None:
         return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
     except (OSError, ValueError):
         return None
+
+
+def foreign_tids(pid: int) -> dict[int, int] | None:
+    """``{thread ID inside: thread ID in torchwatch's namespace}`` for a process ``pid`` whose own
+    PID namespace is not torchwatch's (its ``NSpid`` has more than one entry), read after a
+    py-spy run; ``None`` when it shares torchwatch's (py-spy's IDs are then ours already)."""
+    ids = container.ns_ids(pid)
+    if len(ids) < 2:
+        return None
+    return container.thread_map(pid)
 
 
 class PySpySource(FocusedSource):
@@ -210,7 +237,7 @@ class PySpySource(FocusedSource):
             self._first = False
             self._failures = 0
             self.status = SourceStatus.ok()
-            return list(parse_raw(text, end, pid, self.role_of))
+            return list(parse_raw(text, end, pid, self.role_of, foreign_tids(pid)))
         if not self.alive():
             self.status = SourceStatus.gone()
             return []
@@ -347,5 +374,8 @@ def dump_threads(
         threads = parse_dump(done.stdout.decode(errors="replace"))
     except ValueError as exc:
         return (), str(exc), took
+    tids = foreign_tids(pid)
+    if tids is not None:  # a container's thread IDs: torchwatch's, or dropped (see parse_raw)
+        threads = tuple(replace(t, tid=tids[t.tid]) for t in threads if t.tid in tids)
     main = [t for t in threads if t.tid == pid]
     return (*main, *(t for t in threads if t.tid != pid)), None, took

@@ -36,6 +36,7 @@ from torchwatch.model.peaks import FlopRate, flop_rate
 from torchwatch.model.readings import HookState, SourceStatus, Status, ThreadSample
 from torchwatch.model.text import escape_all
 from torchwatch.model.units import amp_words
+from torchwatch.sources import container
 from torchwatch.wire import HookRecord, TrialState
 
 HISTORY_S = 180.0  # seconds of readings behind the trends ("the last minutes")
@@ -152,8 +153,14 @@ def target_view(root: int, cmdline: Sequence[str], child: ChildProcess | None, g
         code = child.poll()
         status = None if code is None else shell_status(code)
         args = escape_all(str(a) for a in child.args)
-        return TargetView(child.pid, args, exit_line(status, True, gone), status, gone)
-    return TargetView(root, escape_all(cmdline), exit_line(None, False, gone), None, gone)
+        return TargetView(child.pid, args, exit_line(status, True, gone), status, gone, _ns_pid(child.pid))
+    return TargetView(root, escape_all(cmdline), exit_line(None, False, gone), None, gone, _ns_pid(root))
+
+
+def _ns_pid(pid: int) -> int | None:
+    """``pid``'s PID in its own PID namespace when that is not torchwatch's (``NSpid``), else ``None``."""
+    ids = container.ns_ids(pid)
+    return ids[-1] if len(ids) > 1 else None
 
 
 def gpu_note(status: SourceStatus | None) -> str:

@@ -32,6 +32,7 @@ Sections (each a module of this package, none over 400 lines):
   statistics and the settings it may change;
 - ``counters``: the ``counters`` layout and its decoder; ``counterfile``: its writer and reader;
 - ``files``: the directory, its files and how both sides open, write and remove them safely;
+  ``roots``: reaching them from outside a training in another mount namespace (a container);
 - ``roles``: the launchers and helper processes that are not the training.
 
 Other parts import names from ``torchwatch.wire`` (this module re-exports each section's
@@ -64,6 +65,7 @@ from torchwatch.wire import (
     records,
     request,
     roles,
+    roots,
     settings,
     signals,
     trial,
@@ -82,6 +84,7 @@ from torchwatch.wire.ranks import *
 from torchwatch.wire.records import *
 from torchwatch.wire.request import *
 from torchwatch.wire.roles import *
+from torchwatch.wire.roots import *
 from torchwatch.wire.settings import *
 from torchwatch.wire.signals import *
 from torchwatch.wire.trial import *
@@ -101,6 +104,7 @@ __all__ = [
     *records.__all__,
     *request.__all__,
     *roles.__all__,
+    *roots.__all__,
     *settings.__all__,
     *signals.__all__,
     *trial.__all__,

@@ -18,7 +18,9 @@ have planted anything):
   on the descriptor, then renamed into place: nothing is truncated in place (another process
   may have it mapped) and nothing is ever chown'ed or chmod'ed by path;
 - the hook creates its base directory only when missing (0700), never changes an existing one,
-  and removes only hook directories it can prove are its own and dead (:func:`remove_stale`).
+  and removes only hook directories it can prove are its own and dead (:func:`remove_stale`);
+- a training in another mount namespace (a container) names paths in its own view: torchwatch
+  reaches them through ``/proc/PID/root`` (:mod:`torchwatch.wire.roots`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,231 @@
+"""Real containers without a container engine, for the tests of trainings in containers.
+
+A :func:`pod` is what a container runtime makes of a training, made with ``unshare`` (util-linux)
+as root: its own PID namespace (the training is PID 1 there, its threads have small IDs), and
+as asked its own mount namespace with a new ``/proc`` (``mount``), its own ``/tmp`` and
+``/dev/shm`` (tmpfs: ``own_tmp``), its own root (``own_root``: the machine's root bind-mounted, recursively, on a
+fresh directory and ``pivot_root``-ed into, so ``/proc/PID/root`` is not torchwatch's ``/``), its
+own network namespace (``net``), and a cgroup v1 CPU quota and memory limit (``limits``: the
+groups are made under ``/sys/fs/cgroup/{cpu,memory}`` and the pod enters them before
+``unshare``). The pod's processes are killed when it ends, failed or not: ``unshare
+--kill-child`` ends the namespace's PID 1 with it, and the kernel ends every other process of a
+PID namespace whose PID 1 exits; then the directory and the groups are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+def refused(**kinds: bool) -> str:
+    """Why a :func:`pod` of these ``kinds`` cannot be made here (``""``: it can): not root, no
+    ``unshare``, the kernel refusing a namespace, or no cgroup v1 ``cpu``/``memory`` hierarchy."""
+    if os.geteuid() != 0:
+        return "pods need root (unshare, mount, cgroups)"
+    if shutil.which("unshare") is None or shutil.which("pivot_root") is None:
+        return "unshare or pivot_root not found (util-linux)"
+    try:
+        with pod(["true"], **kinds) as p:
+            p.proc.wait(timeout=30)
+            code = p.proc.returncode
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot make a pod: {exc}"
+    return "" if code == 0 else f"unshare {' '.join(k for k, v in kinds.items() if v)} refused here (exit {code})"
+
+
+@dataclass
+class Limits:
+    """A cgroup v1 CPU quota (CPUs: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and memory limit (bytes)."""
+
+    cpus: float = 1.0
+    memory: int = 2 << 30
+    groups: list[Path] = field(default_factory=list)
+
+    def make(self) -> list[Path]:
+        """Create the two groups and set the limits; returns their ``cgroup.procs`` files."""
+        name = f"torchwatch-pod-{secrets.token_hex(4)}"
+        cpu, mem = CGROUP_V1 / "cpu" / name, CGROUP_V1 / "memory" / name
+        for g in (cpu, mem):
+            g.mkdir()
+            self.groups.append(g)
+        (cpu / "cpu.cfs_period_us").write_text("100000")
+        (cpu / "cpu.cfs_quota_us").write_text(str(round(self.cpus * 100000)))
+        (mem / "memory.limit_in_bytes").write_text(str(self.memory))
+        return [cpu / "cgroup.procs", mem / "cgroup.procs"]
+
+    def remove(self) -> None:
+        """Remove the groups (their processes are gone by then; retried while the kernel lets go)."""
+        for g in self.groups:
+            for _ in range(50):
+                try:
+                    g.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+@dataclass
+class Pod:
+    """A running pod.
+
+    Attributes:
+        proc: the ``unshare`` process (torchwatch's namespace); ``proc.stdout`` is the pod's.
+        lines: the pod's stderr so far (read in the background).
+        root: the pod's root directory as torchwatch sees it (``own_root``), else ``None``.
+        limits: its cgroup limits, or ``None``.
+    """
+
+    proc: subprocess.Popen[str]
+    root: Path | None
+    limits: Limits | None
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_stderr(self, text: str, timeout: float = 120.0) -> None:
+        """Wait until a line of the pod's stderr holds ``text`` (a demo's ``: step``).
+
+        Raises:
+            TimeoutError: not within ``timeout`` s, or the pod ended first (its last lines in the message).
+        """
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise TimeoutError(f"no {text!r} from the pod: {''.join(self.lines[-20:])}")
+            time.sleep(0.1)
+
+    def init_pid(self, timeout: float = 30.0, exe: str = "python") -> int:
+        """The host PID of the pod's PID 1 once it runs ``exe`` (after the set-up shell's execs).
+
+        Raises:
+            TimeoutError: it did not within ``timeout`` s (the pod's stderr in the message).
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+                if children:
+                    pid = int(children[0])
+                    if exe in os.path.basename(os.readlink(f"/proc/{pid}/exe")):
+                        return pid
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise TimeoutError(f"the pod's PID 1 did not start {exe} (exit {self.proc.poll()})")
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the pod's every process (unshare, its PID 1 and what that started: PID 1's
+    death ends the rest too, but asynchronously) and wait until all are gone."""
+    import psutil
+
+    try:
+        inside = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        inside = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for p in inside:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    psutil.wait_procs(inside, timeout=10)
+
+
+@contextlib.contextmanager
+def pod(
+    argv: Sequence[str],
+    *,
+    mount: bool = True,
+    own_tmp: bool = False,
+    own_root: bool = False,
+    net: bool = False,
+    limits: Limits | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO,
+    stdout: int | None = subprocess.DEVNULL,
+) -> Iterator[Pod]:
+    """Run ``argv`` as PID 1 of a new pod (module docstring); on exit every process of it is
+    killed and what was made for it removed, whatever happened.
+
+    Args:
+        mount: a mount namespace with its own ``/proc`` (``unshare --mount-proc``); without it
+            only the PID namespace is new (``/proc`` is torchwatch's).
+        own_tmp, own_root: a tmpfs on ``/tmp``; a root of its own (both need ``mount``).
+        net: a network namespace of its own.
+        limits: a cgroup v1 CPU quota and memory limit.
+        env: its environment (default this process's). cwd: its working directory.
+        stdout: where its standard output goes (``subprocess.PIPE`` to read it); stderr is piped.
+    """
+    if (own_tmp or own_root) and not mount:
+        raise ValueError("own_tmp and own_root need a mount namespace")
+    root: Path | None = None
+    if own_root:
+        # outside /tmp (which own_tmp covers), on the root filesystem the pod's root is bound from
+        root = Path(tempfile.mkdtemp(prefix="torchwatch-pod-", dir="/var/tmp"))
+    setup = ["set -e"]
+    if own_tmp:
+        setup.append("mount -t tmpfs -o mode=1777,size=64m torchwatch-pod-tmp /tmp")
+        setup.append("mount -t tmpfs -o mode=1777,size=64m torchwatch-pod-shm /dev/shm")  # as docker's own
+    run = shlex.join(argv)
+    if root is not None:
+        # as a runtime does: the new root bound, pivot_root into it, the old one unmounted (so the
+        # kernel names the pod's files from its own root, /usr/lib/..., as in a real container)
+        r = shlex.quote(str(root))
+        setup += [f"mount --rbind / {r}", f"cd {r}", f"pivot_root . .{r}", f"umount -l {r}"]
+        run = f"sh -c {shlex.quote(f'cd {shlex.quote(str(cwd))} && exec {run}')}"
+    setup.append(f"exec {run}")
+    flags = ["--pid", "--fork", "--kill-child"] + (["--mount-proc"] if mount else []) + (["--net"] if net else [])
+    command = ["unshare", *flags, "sh", "-c", "; ".join(setup)]
+    enter = limits.make() if limits is not None else []
+    if enter:  # enter the groups first, so that the whole pod is in them
+        command = [
+            "sh",
+            "-c",
+            "".join(f"echo $$ > {shlex.quote(str(p))}; " for p in enter) + 'exec "$@"',
+            "sh",
+            *command,
+        ]
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=dict(env if env is not None else os.environ),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield Pod(proc, root, limits)
+    finally:
+        _end(proc)
+        if root is not None:
+            with contextlib.suppress(OSError):
+                root.rmdir()  # the bind mount went with the pod's mount namespace
+        if limits is not None:
+            limits.remove()
