@@ -13,6 +13,7 @@ waits are counted against the time the stacks show in the DataLoader first (see
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -194,6 +195,33 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "hook+psutil",
         "CPU threads the training runs at once: intra-op threads x ranks + DataLoader workers (1 thread each; "
         "num_workers as set, or alive, the larger)",
+    ),
+    (
+        "trainer_count",
+        "count",
+        "psutil+py-spy",
+        "trainers: children of a training process that run its forward/backward/optimizer steps themselves "
+        "(Hogwild, a multiprocessing.Pool of trainers), not a DataLoader worker loop",
+    ),
+    (
+        "trainer_busy_threads",
+        "count",
+        "/proc schedstat",
+        "the trainers' threads on a CPU or waiting for one >= 10 % of the window, all trainers together",
+    ),
+    ("trainer_threads", "count", "/proc schedstat", "trainer_busy_threads per trainer (the median trainer's)"),
+    (
+        "trainers_runqueue_share",
+        "share",
+        "/proc schedstat",
+        "of the time the trainers' busy threads wanted a CPU, the part they waited for one",
+    ),
+    ("trainers_cpu_pct", "% of a core", "psutil", "CPU of the trainers together"),
+    (
+        "trainer_suggested_threads",
+        "count",
+        "/proc",
+        "intra-op threads per trainer that fit the usable CPUs: max(1, floor(usable_cpus / trainer_count))",
     ),
     ("mem_limit_bytes", "bytes", "cgroup", "the memory limit that applies: the tightest cgroup limit, else RAM + swap"),
     ("mem_used_bytes", "bytes", "cgroup", "the working set counted against it (usage - inactive file cache)"),
@@ -1254,6 +1282,65 @@ def _collective_wait(window: Window, main_pid: int | None, f: Features) -> Featu
     return {"collective_wait_share": max(0.0, min(1.0, blocked - runq))}
 
 
+def trainer_features(window: Window, usable_cpus: float | None) -> Features:
+    """The trainers of the window (processes marked ``trainer``: children of a training process
+    whose stacks showed training steps, :mod:`torchwatch.analysis.roles`) and how their threads
+    share the CPUs.
+
+    A trainer started by ``multiprocessing`` has no hook (its ``torch.get_num_threads()`` is not
+    published), so its threads are counted from outside: a thread on a CPU or waiting for one
+    (schedstat ``run_s + runq_s``) >= :data:`BUSY_THREAD_SHARE` of the window is one the trainer
+    runs at once (an intra-op thread spinning at its barrier counts: it holds a CPU). Every
+    thread's counters are read once a second (:class:`~torchwatch.sources.proc.ThreadStateSource`).
+
+    Returns:
+        ``trainer_count`` (0 without trainers), ``trainer_busy_threads``, ``trainer_threads``,
+        ``trainers_runqueue_share`` (run-queue time / (run + run-queue time) of the busy threads,
+        summed: the share of their demand the CPUs did not serve), ``trainers_cpu_pct`` and
+        ``trainer_suggested_threads``; the thread figures ``None`` when no trainer thread's
+        counters cover 1 s.
+    """
+    none: Features = dict.fromkeys(
+        ("trainer_busy_threads", "trainer_threads", "trainers_runqueue_share", "trainers_cpu_pct"), None
+    )
+    if not window.processes:
+        return {"trainer_count": None, "trainer_suggested_threads": None, **none}
+    last_t = window.processes[-1].t
+    trainers = {p.pid for p in window.processes if p.t == last_t and p.trainer}
+    out: Features = {"trainer_count": float(len(trainers)), **none}
+    out["trainer_suggested_threads"] = (
+        float(max(1, math.floor(usable_cpus / len(trainers)))) if trainers and usable_cpus else None
+    )
+    if not trainers:
+        return out
+    cpu: dict[float, float] = defaultdict(float)
+    for p in window.processes:
+        if p.pid in trainers and p.cpu_pct is not None:
+            cpu[p.t] += p.cpu_pct
+    out["trainers_cpu_pct"] = _mean(cpu.values())
+    threads: dict[tuple[int, int], list[ThreadSample]] = defaultdict(list)
+    for th in window.threads:
+        if th.pid in trainers and th.runq_s is not None:
+            threads[(th.pid, th.tid)].append(th)
+    per_trainer: dict[int, int] = dict.fromkeys(trainers, 0)
+    run_sum = queued_sum = 0.0
+    seen = False
+    for (pid, _tid), samples in threads.items():
+        sched = _sched_shares(samples)
+        if sched is None:
+            continue
+        seen = True
+        if sum(sched) >= BUSY_THREAD_SHARE:
+            per_trainer[pid] += 1
+            run_sum, queued_sum = run_sum + sched[0], queued_sum + sched[1]
+    if not seen:
+        return out
+    out["trainer_busy_threads"] = float(sum(per_trainer.values()))
+    out["trainer_threads"] = float(statistics.median(per_trainer.values()))
+    out["trainers_runqueue_share"] = queued_sum / (run_sum + queued_sum) if run_sum + queued_sum > 0 else 0.0
+    return out
+
+
 def loop_window(window: Window, main_pid: int | None) -> Window:
     """``window`` from the training's first step on, when that step ended inside it.
 
@@ -1315,6 +1402,7 @@ def compute(window: Window, main_pid: int | None) -> Features:
     f.update(_cpu_wait(f))
     f.update(_process_features(window, main_pid))
     f.update(_system_features(window))
+    f.update(trainer_features(window, f.get("usable_cpus")))
     f.update(_disk_tree_share(f))
     f.update(_cpu_budget(f))
     f.update(_gpu_features(window))

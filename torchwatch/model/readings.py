@@ -94,6 +94,8 @@ class ProcessSample:
         rss_bytes: resident set size, bytes.
         read_bytes_per_s / write_bytes_per_s: storage bytes (``/proc/PID/io`` read_bytes,
             write_bytes) per second since the previous sample; ``None`` when unreadable.
+        trainer: a child of a training process that runs training steps itself (a Hogwild
+            trainer, a ``multiprocessing.Pool`` of trainers); its role is ``main``.
     """
 
     t: float
@@ -107,6 +109,7 @@ class ProcessSample:
     read_bytes_per_s: float | None
     write_bytes_per_s: float | None
     num_threads: int
+    trainer: bool = False
 
 
 @dataclass(frozen=True)
