@@ -4,22 +4,27 @@ trainers' features and the cpu-oversubscribed-trainers rule."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from tests.unit.hookrecords import hook_record
 from tests.unit.test_busy_machine import _settled
 from tests.unit.test_proc import PY, TRAIN, node
-from torchwatch.analysis.features import trainer_features
+from torchwatch.analysis.features import _collective_wait, collective_cpu, trainer_features
 from torchwatch.analysis.roles import TRAINER, WORKER, classify
 from torchwatch.analysis.store import Window
 from torchwatch.model.hang import DumpedThread
-from torchwatch.model.readings import Frame, ProcessSample, Role, ThreadSample, Wait
-from torchwatch.sources.proc import ProcessTree, assign_roles
+from torchwatch.model.readings import Frame, HookState, ProcessSample, Role, ThreadSample, Wait
+from torchwatch.sources.proc import ProcessTree, ThreadStateSource, assign_roles
 from torchwatch.watch import roles as role_probe
 from torchwatch.watch.roles import RoleProbe
+from torchwatch.wire import RankStep
 
 SITE = "/usr/lib/python3.11/site-packages/"
 BOOT = (
@@ -195,6 +200,13 @@ def _trainer_window(trainers: int, threads_each: int, queued: float, cpus: float
     return Window(0.0, 10.0, processes=procs, threads=threads)
 
 
+def test_a_process_that_started_the_others_is_no_rank() -> None:
+    """The Hogwild main (or a torch.multiprocessing.spawn launcher) joins its 4 children: 4 ranks."""
+    from torchwatch.analysis.features import compute
+
+    assert compute(_trainer_window(4, 2, 0.5), None)["local_ranks"] == 4
+
+
 def test_trainer_features_count_the_trainers_busy_threads_from_outside() -> None:
     f = trainer_features(_trainer_window(4, 2, 0.75), 2.0)
     assert f["trainer_count"] == 4
@@ -234,3 +246,82 @@ def test_a_trainer_pool_waiting_less_reads_a_lower_confidence() -> None:
 )
 def test_the_trainers_rule_is_silent_where_they_fit_the_cpus(change: dict[str, float | None]) -> None:
     assert _settled(["cpu-oversubscribed-trainers"], **{**HOGWILD, **change})[0] == []
+
+
+# -- ranks: the CPU work of CPU collectives is communication ------------------------------------
+
+
+def test_gloos_threads_are_read_as_collective_threads() -> None:
+    from tests.unit.test_proc import _named_thread
+
+    stop = threading.Event()
+    gloo = threading.Thread(target=_named_thread, args=(b"pt_gloo_runloop", threading.Event(), stop), daemon=True)
+    other = threading.Thread(target=_named_thread, args=(b"pt_tcpstore_uv", threading.Event(), stop), daemon=True)
+    gloo.start()
+    other.start()
+    try:
+        time.sleep(0.1)
+        src = ThreadStateSource(ProcessTree(os.getpid()), interval=0.1, all_interval=1.0)
+        full = {s.tid: s for s in src.sample(100.0) if isinstance(s, ThreadSample)}
+        assert full[gloo.native_id].collective and full[gloo.native_id].run_s is not None
+        assert not full[other.native_id].collective and not full[os.getpid()].collective
+    finally:
+        stop.set()
+        gloo.join(5)
+        other.join(5)
+
+
+def _rank_window(comm_cpu: float, compute_cpu: float) -> Window:
+    """4 ranks, each a main thread computing ``compute_cpu`` of a core and a gloo thread
+    ``comm_cpu`` (run time per second), read once a second for 10 s."""
+    threads = []
+    for t in range(11):
+        for r in range(4):
+            pid = 30 + r
+            threads.append(
+                ThreadSample(float(t), pid, pid, Role.MAIN, True, "R", Wait.RUNNING, run_s=t * compute_cpu, runq_s=0.0)
+            )
+            gloo = ThreadSample(float(t), pid, pid * 10, Role.MAIN, False, "R", Wait.RUNNING, run_s=t * comm_cpu)
+            threads.append(dataclasses.replace(gloo, runq_s=0.0, collective=True))
+    return Window(0.0, 10.0, threads=threads)
+
+
+def test_collective_cpu_share_is_the_gloo_threads_part_of_the_ranks_cpu() -> None:
+    assert collective_cpu(_rank_window(0.3, 0.1))["collective_cpu_share"] == pytest.approx(0.75)
+    assert collective_cpu(_rank_window(0.0, 0.5))["collective_cpu_share"] == 0.0
+    assert collective_cpu(Window(0.0, 10.0))["collective_cpu_share"] is None
+
+
+def _steps_window(blocked_s: float, step_s: float = 0.24, n: int = 20) -> Window:
+    """A rank of a 4-rank CPU job (DDP): ``n`` steps of ``step_s``, ``blocked_s`` of each blocked
+    in backward (the reducer's all-reduce)."""
+    rec = hook_record(30, rank={"rank": 0, "world_size": 4}, cuda_initialized=False)
+    steps = tuple(RankStep(1.0 + i * step_s, step_s, 0.0, blocked_s + 0.05, blocked_s, 0.0) for i in range(n))
+    state = HookState(1.0 + n * step_s, 30, n, n, 0.0, 0.0, record=rec, rank_steps=steps)
+    return Window(0.0, 1.0 + n * step_s + 0.1, hook=[state])
+
+
+def test_a_main_thread_queueing_behind_gloos_threads_waits_on_communication() -> None:
+    """4 gloo ranks on 2 cores (tests/scenarios/distributed/gloo_4_ranks.py under torchrun read
+    175 of 235 ms blocked, main thread run-queue 0.41): the run-queue wait that gloo's CPU work
+    causes is no longer taken out of the collective wait."""
+    window = _steps_window(0.175, 0.235)
+    base = {"main_runqueue_share": 0.41}
+    alone = _collective_wait(window, 30, {**base, "collective_cpu_share": 0.0})["collective_wait_share"]
+    assert alone == pytest.approx(0.745 - 0.41, abs=0.01)
+    behind_gloo = _collective_wait(window, 30, {**base, "collective_cpu_share": 0.7})["collective_wait_share"]
+    assert behind_gloo == pytest.approx(0.745 - 0.41 * 0.3, abs=0.01)
+
+
+OVERSUBSCRIBED = {"cpu_threads_wanted": 4.0, "intra_op_threads": 1.0, "local_ranks": 4.0, "worker_count": 0.0,
+                  "usable_cpus": 2.0, "cpu_wait_share": 0.45, "main_runqueue_share": 0.41,
+                  "threads_runqueue_share": 0.45}  # fmt: skip
+
+
+def test_ranks_queueing_behind_their_all_reduce_are_communication_not_oversubscription() -> None:
+    assert _settled(["cpu-oversubscribed"], **OVERSUBSCRIBED, collective_cpu_share=0.1)[0] == ["cpu-oversubscribed"]
+    assert _settled(["cpu-oversubscribed"], **OVERSUBSCRIBED, collective_cpu_share=0.6)[0] == []
+    found, _, _ = _settled(
+        ["ranks-collective-wait"], **OVERSUBSCRIBED, collective_cpu_share=0.6, collective_wait_share=0.62
+    )
+    assert found == ["ranks-collective-wait"]

@@ -128,6 +128,8 @@ class ThreadSample:
             ``pt_autograd_N``): it runs the backward of CUDA (and other accelerator) tensors while
             the thread that called ``backward()`` waits for it, so its time on a CPU is the loop's.
             Sampled every round, with ``run_s`` and ``runq_s``, like a main thread.
+        collective: the thread runs CPU collectives (gloo's: ``pt_gloo_runloop``,
+            ``gloo_tcp_loop``): its CPU is communication, not the step's compute.
     """
 
     t: float
@@ -142,6 +144,7 @@ class ThreadSample:
     runq_s: float | None = None
     run_s: float | None = None
     autograd: bool = False
+    collective: bool = False
 
 
 @dataclass(frozen=True)

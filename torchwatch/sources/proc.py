@@ -721,6 +721,10 @@ class ProcSource:
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 AUTOGRAD_THREAD_PREFIX = b"pt_autograd_"
 """How PyTorch names the autograd engine's thread for a device (``pt_autograd_0`` for cuda:0)."""
+COLLECTIVE_THREAD_PREFIXES = (b"pt_gloo_", b"gloo_")
+"""How torch and gloo name the threads that run CPU collectives: ProcessGroupGloo's workers
+(``pt_gloo_runloop``, 2 per process group) and gloo's transport loop (``gloo_tcp_loop``); read
+from ``/proc/PID/task/TID/comm`` of a gloo rank with torch 2.13."""
 
 # Syscall numbers per architecture: (read family, socket receive, timer sleep, wait on others).
 _SYSCALLS: dict[str, tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]] = {
@@ -857,7 +861,9 @@ class ThreadStateSource:
         state = fields[0].decode() if fields else "?"
         # PyTorch names the autograd engine's thread for device N "pt_autograd_N"
         # (c10::setThreadName in torch/csrc/autograd/engine.cpp); the main thread's backward() waits for it.
-        autograd = tid != pid and stat[stat.find(b"(") + 1 : stat.rfind(b")")].startswith(AUTOGRAD_THREAD_PREFIX)
+        comm = stat[stat.find(b"(") + 1 : stat.rfind(b")")]
+        autograd = tid != pid and comm.startswith(AUTOGRAD_THREAD_PREFIX)
+        collective = tid != pid and comm.startswith(COLLECTIVE_THREAD_PREFIXES)
         try:
             utime, stime = int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
             cpu_s: float | None = utime + stime
@@ -907,6 +913,7 @@ class ThreadStateSource:
             runq_s=runq_s,
             run_s=run_s,
             autograd=autograd,
+            collective=collective,
         )
 
     def close(self) -> None:
