@@ -171,6 +171,15 @@ def test_the_probe_leaves_a_child_that_never_shows_steps_to_its_command_line(for
         now[0] += role_probe.PROBE_EVERY_S
     assert max(asked) <= role_probe.GIVE_UP_S
     assert all(n.role is not Role.MAIN for n in tree.nodes().values() if n.pid != tree.root)
+    # py-spy cannot read a child: it is asked once, then left to its command line
+    failing: list[int] = []
+    probe3 = RoleProbe(
+        tree, dump=lambda pid: (failing.append(pid), ((), "permission denied", 0.0))[1], clock=lambda: now[0]
+    )
+    for _ in range(3):
+        probe3.round()
+        now[0] += role_probe.PROBE_EVERY_S
+    assert len(failing) == 1
     # a real worker is decided as one, and never asked again
     probe2 = RoleProbe(tree, dump=lambda pid: ((WORKER_WAITING,), None, 0.01), clock=lambda: 0.0)
     assert probe2.round() == 1

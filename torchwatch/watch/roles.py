@@ -10,7 +10,7 @@ the process is not paused) and hands what they show to the tree
 forward, backward or optimizer step a trainer (:func:`torchwatch.analysis.roles.classify`). A
 child that shows neither yet (a spawned trainer imports torch for seconds, 80 s with 4 at once on
 this loaded 2-core machine) is asked again every :data:`PROBE_EVERY_S` for :data:`GIVE_UP_S`;
-after that its command line decides (worker).
+after that its command line decides (worker), as at once when py-spy cannot read it.
 
 Cost: one dump per child, 0.01-0.03 s of py-spy per process on the 2-core test machine (see
 :func:`~torchwatch.sources.pyspy.dump_threads`), at most :data:`DUMPS_PER_ROUND` per round.
@@ -79,11 +79,15 @@ class RoleProbe:
             self._first.setdefault(key, now)
             self._last[key] = now
             try:
-                threads, _error, _took = self._dump(node.pid)
+                threads, error, _took = self._dump(node.pid)
             except Exception:  # a dumper must not stop the probe
                 log.warning("dumping PID %d for its role failed", node.pid, exc_info=True)
                 continue
             self.dumps += 1
+            if error is not None and not threads:
+                # py-spy cannot read it (no permission, gone, not Python): its command line decides
+                self._first[key] = now - GIVE_UP_S - 1.0
+                continue
             role = classify(threads)
             if role is not None:
                 self.tree.decide(node.pid, node.create_time, role)
