@@ -305,7 +305,8 @@ def main() -> int:
             line = f"run {run} {name:<24} expected {expected:<17} got {r['label']:<17} conf {r['confidence']:.2f} "
             if name.startswith("distributed/"):
                 want_rank = straggler_of(script)
-                r["straggler_ok"] = r.get("straggler") == want_rank and r.get("ranks") == 2
+                want_ranks = int(constant_of(script, "RANKS") or "2")  # all the job's ranks read
+                r["straggler_ok"] = r.get("straggler") == want_rank and r.get("ranks") == want_ranks
                 ok = ok and bool(r["straggler_ok"])
                 line += f"straggler {r.get('straggler')} (expected {want_rank}), {r.get('ranks')} ranks "
             line += "OK" if ok else "WRONG"
