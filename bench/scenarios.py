@@ -88,16 +88,18 @@ RELIEF_THRESHOLD = 1.5
 
 
 def constant_of(path: Path, name: str) -> str | None:
-    """A module-level string constant ``NAME = "..."`` of a scenario file (read with ast, not imported)."""
+    """A module-level string (or integer, as its text) constant ``NAME = ...`` of a scenario file (read
+    with ast, not imported)."""
     tree = ast.parse(path.read_text(), str(path))
     for node in tree.body:
         if (
             isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
             and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
+            and isinstance(node.value.value, (str, int))
+            and not isinstance(node.value.value, bool)
         ):
-            return node.value.value
+            return str(node.value.value)
     return None
 
 
@@ -200,10 +202,12 @@ def check_relief(scen: dict[str, tuple[Path, str]], seconds: float) -> int:
 
 
 def training(name: str, script: Path, seconds: float) -> list[str]:
-    """The training's command line (a distributed scenario under its launcher, 2 ranks)."""
+    """The training's command line (a distributed scenario under its launcher, its ``RANKS``
+    ranks, 2 when it names none)."""
     args = [str(script), "--seconds", str(seconds)]
     if name.endswith("@torchrun"):
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+        ranks = constant_of(script, "RANKS") or "2"
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", ranks, *args]
     return [sys.executable, *args]
 
 
@@ -301,7 +305,8 @@ def main() -> int:
             line = f"run {run} {name:<24} expected {expected:<17} got {r['label']:<17} conf {r['confidence']:.2f} "
             if name.startswith("distributed/"):
                 want_rank = straggler_of(script)
-                r["straggler_ok"] = r.get("straggler") == want_rank and r.get("ranks") == 2
+                want_ranks = int(constant_of(script, "RANKS") or "2")  # all the job's ranks read
+                r["straggler_ok"] = r.get("straggler") == want_rank and r.get("ranks") == want_ranks
                 ok = ok and bool(r["straggler_ok"])
                 line += f"straggler {r.get('straggler')} (expected {want_rank}), {r.get('ranks')} ranks "
             line += "OK" if ok else "WRONG"

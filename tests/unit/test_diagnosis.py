@@ -175,6 +175,30 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"cpu_wait_share": 0.3, "foreign_cpu_cores": 0.1, "usable_cpus": 2.0, "intra_op_threads": 2.0},
         "foreign_cpu_cores",
     ),
+    # Hogwild: 4 trainer processes x 2 busy threads on 2 CPUs, waiting 80 % of the time they want
+    # one (tests/scenarios/hogwild_fork.py read 0.78-0.84).
+    "cpu-oversubscribed-trainers": (
+        {
+            "trainer_count": 4.0,
+            "trainer_busy_threads": 8.0,
+            "trainer_threads": 2.0,
+            "trainer_suggested_threads": 1.0,
+            "usable_cpus": 2.0,
+            "trainers_runqueue_share": 0.8,
+            "trainers_cpu_pct": 190.0,
+            "foreign_cpu_cores": 0.1,
+        },
+        # the relief: 4 trainers x 1 thread, beyond the CPUs but hardly waiting (no barrier)
+        {
+            "trainer_count": 4.0,
+            "trainer_busy_threads": 4.0,
+            "trainer_threads": 1.0,
+            "trainer_suggested_threads": 1.0,
+            "usable_cpus": 2.0,
+            "trainers_runqueue_share": 0.15,
+        },
+        "trainers_runqueue_share",  # no trainer thread's counters cover 1 s yet
+    ),
     # OMP_NUM_THREADS=8 on 2 CPUs, threads waiting for a CPU 40 % of the time, no neighbour.
     "cpu-oversubscribed": (
         {

@@ -13,6 +13,7 @@ waits are counted against the time the stacks show in the DataLoader first (see
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -216,6 +217,40 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
         "hook+psutil",
         "CPU threads the training runs at once: intra-op threads x ranks + DataLoader workers (1 thread each; "
         "num_workers as set, or alive, the larger)",
+    ),
+    (
+        "collective_cpu_share",
+        "share",
+        "/proc schedstat",
+        "of the CPU time of the training processes' threads, the part of the threads that run CPU collectives "
+        "(gloo's pt_gloo_runloop, gloo_tcp_loop): communication work",
+    ),
+    (
+        "trainer_count",
+        "count",
+        "psutil+py-spy",
+        "trainers: children of a training process that run its forward/backward/optimizer steps themselves "
+        "(Hogwild, a multiprocessing.Pool of trainers), not a DataLoader worker loop",
+    ),
+    (
+        "trainer_busy_threads",
+        "count",
+        "/proc schedstat",
+        "the trainers' threads on a CPU or waiting for one >= 10 % of the window, all trainers together",
+    ),
+    ("trainer_threads", "count", "/proc schedstat", "trainer_busy_threads per trainer (the median trainer's)"),
+    (
+        "trainers_runqueue_share",
+        "share",
+        "/proc schedstat",
+        "of the time the trainers' busy threads wanted a CPU, the part they waited for one",
+    ),
+    ("trainers_cpu_pct", "% of a core", "psutil", "CPU of the trainers together"),
+    (
+        "trainer_suggested_threads",
+        "count",
+        "/proc",
+        "intra-op threads per trainer that fit the usable CPUs: max(1, floor(usable_cpus / trainer_count))",
     ),
     ("mem_limit_bytes", "bytes", "cgroup", "the memory limit that applies: the tightest cgroup limit, else RAM + swap"),
     ("mem_used_bytes", "bytes", "cgroup", "the working set counted against it (usage - inactive file cache)"),
@@ -807,7 +842,11 @@ def _process_features(window: Window, main_pid: int | None) -> Features:
     out["read_bytes_per_s"] = _mean(reads.values())
     out["rss_bytes"] = float(sum(p.rss_bytes or 0 for p in latest))
     out["worker_count"] = float(sum(1 for p in latest if p.role is Role.WORKER))
-    out["local_ranks"] = float(sum(1 for p in latest if p.role is Role.MAIN))
+    # Ranks counted from the job: a training process that started others (a
+    # torch.multiprocessing.spawn launcher, a Hogwild main joining its trainers, a wrapper script)
+    # is not one of them (issue 47: the launcher of 4 spawned ranks made 5).
+    parents = {p.ppid for p in latest if p.role is Role.MAIN}
+    out["local_ranks"] = float(sum(1 for p in latest if p.role is Role.MAIN and p.pid not in parents))
     return out
 
 
@@ -1259,13 +1298,48 @@ def rank_collective_wait(rec: HookRecord | None, step: RankStep) -> float:
     return step.collective_wait(multi and rec is not None and not rec.cuda_initialized)
 
 
+def collective_cpu(window: Window) -> Features:
+    """``collective_cpu_share``: of the CPU time (schedstat run time) of every thread of the
+    training processes (role main) in ``window``, the part of the threads that run CPU
+    collectives (:attr:`ThreadSample.collective`: gloo's). Every thread's counters are read once
+    a second. ``None`` when no thread's counters cover 1 s, or the processes used no CPU.
+
+    Gloo over loopback does its all-reduce on the CPU: ring copies and sums on its own threads.
+    On a machine with fewer cores than ranks those threads hold the CPUs the ranks' main threads
+    queue for, and that queueing is communication, not oversubscription (issue 47: 4 gloo ranks
+    on 2 cores read "cpu-oversubscribed" while accumulating 5 steps per all-reduce ran 2.55x
+    faster and halving the compute 1.01x).
+    """
+    threads: dict[tuple[int, int], list[ThreadSample]] = defaultdict(list)
+    for th in window.threads:
+        if th.role is Role.MAIN and th.run_s is not None:
+            threads[(th.pid, th.tid)].append(th)
+    total = comm = 0.0
+    seen = False
+    for samples in threads.values():
+        rate = _growth(samples, "run_s")
+        if rate is None or rate < 0:
+            continue
+        seen = True
+        total += rate
+        if samples[-1].collective:
+            comm += rate
+    if not seen or total <= 0:
+        return {"collective_cpu_share": None}
+    return {"collective_cpu_share": min(1.0, comm / total)}
+
+
 def _collective_wait(window: Window, main_pid: int | None, f: Features) -> Features:
-    """Share of the step time blocked on peers, less the main thread's run-queue share.
+    """Share of the step time blocked on peers, less the main thread's run-queue share that
+    the collectives' own CPU work does not explain.
 
     A thread that lost its core counts as blocked in the hook's estimate (wall minus thread
     CPU time), so on an oversubscribed machine every rank looks as if it waited in backward;
     the main thread's run-queue wait (schedstat) over the same window is that part, and is taken
-    out. ``None`` without per-step readings; 0 for a process that is no rank and calls no
+    out, but only for the share of the training's CPU that is not the CPU collectives' own
+    (``collective_cpu_share``): a main thread queueing behind gloo's threads waits on
+    communication (4 gloo ranks on 2 cores: runq 0.41 of the step left 0.33 of a measured 0.75 all
+    taken out). ``None`` without per-step readings; 0 for a process that is no rank and calls no
     collective.
     """
     reads = [h for h in window.hook if main_pid is None or h.pid == main_pid]
@@ -1274,8 +1348,67 @@ def _collective_wait(window: Window, main_pid: int | None, f: Features) -> Featu
     if len(steps) < 2 or total <= 0:
         return {"collective_wait_share": None}
     blocked = sum(rank_collective_wait(rec, s) for rec, s in steps) / total
-    runq = f.get("main_runqueue_share") or 0.0
+    runq = (f.get("main_runqueue_share") or 0.0) * (1.0 - (f.get("collective_cpu_share") or 0.0))
     return {"collective_wait_share": max(0.0, min(1.0, blocked - runq))}
+
+
+def trainer_features(window: Window, usable_cpus: float | None) -> Features:
+    """The trainers of the window (processes marked ``trainer``: children of a training process
+    whose stacks showed training steps, :mod:`torchwatch.analysis.roles`) and how their threads
+    share the CPUs.
+
+    A trainer started by ``multiprocessing`` has no hook (its ``torch.get_num_threads()`` is not
+    published), so its threads are counted from outside: a thread on a CPU or waiting for one
+    (schedstat ``run_s + runq_s``) >= :data:`BUSY_THREAD_SHARE` of the window is one the trainer
+    runs at once (an intra-op thread spinning at its barrier counts: it holds a CPU). Every
+    thread's counters are read once a second (:class:`~torchwatch.sources.proc.ThreadStateSource`).
+
+    Returns:
+        ``trainer_count`` (0 without trainers), ``trainer_busy_threads``, ``trainer_threads``,
+        ``trainers_runqueue_share`` (run-queue time / (run + run-queue time) of the busy threads,
+        summed: the share of their demand the CPUs did not serve), ``trainers_cpu_pct`` and
+        ``trainer_suggested_threads``; the thread figures ``None`` when no trainer thread's
+        counters cover 1 s.
+    """
+    none: Features = dict.fromkeys(
+        ("trainer_busy_threads", "trainer_threads", "trainers_runqueue_share", "trainers_cpu_pct"), None
+    )
+    if not window.processes:
+        return {"trainer_count": None, "trainer_suggested_threads": None, **none}
+    last_t = window.processes[-1].t
+    trainers = {p.pid for p in window.processes if p.t == last_t and p.trainer}
+    out: Features = {"trainer_count": float(len(trainers)), **none}
+    out["trainer_suggested_threads"] = (
+        float(max(1, math.floor(usable_cpus / len(trainers)))) if trainers and usable_cpus else None
+    )
+    if not trainers:
+        return out
+    cpu: dict[float, float] = defaultdict(float)
+    for p in window.processes:
+        if p.pid in trainers and p.cpu_pct is not None:
+            cpu[p.t] += p.cpu_pct
+    out["trainers_cpu_pct"] = _mean(cpu.values())
+    threads: dict[tuple[int, int], list[ThreadSample]] = defaultdict(list)
+    for th in window.threads:
+        if th.pid in trainers and th.runq_s is not None:
+            threads[(th.pid, th.tid)].append(th)
+    per_trainer: dict[int, int] = dict.fromkeys(trainers, 0)
+    run_sum = queued_sum = 0.0
+    seen = False
+    for (pid, _tid), samples in threads.items():
+        sched = _sched_shares(samples)
+        if sched is None:
+            continue
+        seen = True
+        if sum(sched) >= BUSY_THREAD_SHARE:
+            per_trainer[pid] += 1
+            run_sum, queued_sum = run_sum + sched[0], queued_sum + sched[1]
+    if not seen:
+        return out
+    out["trainer_busy_threads"] = float(sum(per_trainer.values()))
+    out["trainer_threads"] = float(statistics.median(per_trainer.values()))
+    out["trainers_runqueue_share"] = queued_sum / (run_sum + queued_sum) if run_sum + queued_sum > 0 else 0.0
+    return out
 
 
 def loop_window(window: Window, main_pid: int | None) -> Window:
@@ -1334,12 +1467,14 @@ def compute(window: Window, main_pid: int | None) -> Features:
     f.update(_flop_features(window, main_pid, f))
     f.update(_prefer_measured_wait(f))
     f.update(_thread_features(window, main_pid))
+    f.update(collective_cpu(window))
     f.update(_collective_wait(window, main_pid, f))
     f.update(_attribute_fetch(f))
     f.update(_combine(f))
     f.update(_cpu_wait(f))
     f.update(_process_features(window, main_pid))
     f.update(_system_features(window))
+    f.update(trainer_features(window, f.get("usable_cpus")))
     f.update(_disk_tree_share(f))
     f.update(_cpu_budget(f))
     f.update(_gpu_features(window))

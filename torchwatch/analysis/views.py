@@ -70,7 +70,7 @@ def process_rows(
         rows.append(
             ProcessRow(
                 pid=p.pid,
-                role=p.role.value,
+                role="trainer" if p.trainer else p.role.value,  # a training process that runs its own steps
                 name=escape(p.name),  # the process's own text (prctl, argv[0]): never a line or an escape of its own
                 cpu_pct=sum(vals) / len(vals) if vals else None,
                 rss_bytes=p.rss_bytes,

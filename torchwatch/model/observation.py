@@ -202,6 +202,9 @@ class ProcessRow:
     """One process of the watched tree at the last round.
 
     Attributes:
+        role: ``main``, ``worker`` (a DataLoader worker), ``trainer`` (a child of a training
+            process that runs training steps itself, Hogwild-style), ``launcher``, ``helper`` or
+            ``other``.
         cpu_pct: CPU, % of one core, mean over the last few seconds.
         rss_bytes: resident memory, bytes.
         read_bytes_per_s: storage reads, bytes/s (``None`` when ``/proc/PID/io`` is unreadable).

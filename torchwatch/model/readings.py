@@ -94,6 +94,8 @@ class ProcessSample:
         rss_bytes: resident set size, bytes.
         read_bytes_per_s / write_bytes_per_s: storage bytes (``/proc/PID/io`` read_bytes,
             write_bytes) per second since the previous sample; ``None`` when unreadable.
+        trainer: a child of a training process that runs training steps itself (a Hogwild
+            trainer, a ``multiprocessing.Pool`` of trainers); its role is ``main``.
     """
 
     t: float
@@ -107,6 +109,7 @@ class ProcessSample:
     read_bytes_per_s: float | None
     write_bytes_per_s: float | None
     num_threads: int
+    trainer: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,8 @@ class ThreadSample:
             ``pt_autograd_N``): it runs the backward of CUDA (and other accelerator) tensors while
             the thread that called ``backward()`` waits for it, so its time on a CPU is the loop's.
             Sampled every round, with ``run_s`` and ``runq_s``, like a main thread.
+        collective: the thread runs CPU collectives (gloo's: ``pt_gloo_runloop``,
+            ``gloo_tcp_loop``): its CPU is communication, not the step's compute.
     """
 
     t: float
@@ -139,6 +144,7 @@ class ThreadSample:
     runq_s: float | None = None
     run_s: float | None = None
     autograd: bool = False
+    collective: bool = False
 
 
 @dataclass(frozen=True)

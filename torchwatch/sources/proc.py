@@ -23,7 +23,7 @@ import platform
 import pwd
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +73,9 @@ def catches(pid: int, signum: int) -> bool:
 
 @dataclass(frozen=True)
 class TreeNode:
-    """One process of the tree as last seen: ``pid``, parent, role, name and command line."""
+    """One process of the tree as last seen: ``pid``, parent, role, name and command line;
+    ``trainer``: a child of a training process that runs training steps itself (its stacks said
+    so, :mod:`torchwatch.analysis.roles`); its role is then ``main``."""
 
     pid: int
     ppid: int
@@ -81,6 +83,7 @@ class TreeNode:
     name: str
     cmdline: tuple[str, ...]
     create_time: float
+    trainer: bool = False
 
 
 def _is_python(name: str, cmdline: Sequence[str], exe: str) -> bool:
@@ -94,6 +97,7 @@ def assign_roles(
     nodes: dict[int, tuple[int, str, tuple[str, ...], str]],
     root: int,
     spawned: Mapping[int, frozenset[int]] | None = None,
+    trainers: Collection[int] = (),
 ) -> dict[int, Role]:
     """Give each process of a tree its role.
 
@@ -103,6 +107,9 @@ def assign_roles(
         spawned: ``{main PID: PIDs of the ranks it started with torch.multiprocessing.spawn}``,
             as its hook published them: those children are ranks (``main``), not workers,
             though they start as a spawned DataLoader worker does.
+        trainers: children whose stacks showed training steps and no DataLoader worker loop
+            (:mod:`torchwatch.analysis.roles`, read by :class:`torchwatch.watch.roles.RoleProbe`):
+            ``main``, wherever the command line alone would make them a worker.
 
     Returns:
         ``{pid: Role}``. The topmost Python process that is not a launcher is ``main``
@@ -121,6 +128,8 @@ def assign_roles(
         role = Role.OTHER
         if not _is_python(name, cmdline, exe):
             role = Role.LAUNCHER if main_above is None else Role.OTHER
+        elif pid in trainers and main_above is not None:
+            role = Role.MAIN
         elif parent_forkserver and main_above is not None:
             role = Role.WORKER
         elif any(m in joined for m in _HELPER_MARKERS):
@@ -165,6 +174,7 @@ class ProcessTree:
         self._nodes: dict[int, TreeNode] = {}
         self._procs: dict[int, psutil.Process] = {root: self._root_proc}
         self._spawned: dict[int, frozenset[int]] = {}
+        self._decided: dict[int, tuple[float, str]] = {}  # pid -> (create time, role its stacks showed)
         self.refresh()
 
     def mark_spawned_ranks(self, parent: int, pids: Iterable[int]) -> None:
@@ -181,6 +191,22 @@ class ProcessTree:
             wanted = frozenset(container.host_pids(parent, wanted).values())
         with self._lock:
             self._spawned[parent] = wanted
+
+    def decide(self, pid: int, create_time: float, role: str) -> None:
+        """Take ``role`` (:data:`torchwatch.analysis.roles.TRAINER` or ``WORKER``) as what the
+        process ``pid`` created at ``create_time`` does, from the next :meth:`refresh` on (a PID
+        reused by another process is not that process: the create time must match)."""
+        with self._lock:
+            self._decided[pid] = (create_time, role)
+
+    def undecided(self) -> list[TreeNode]:
+        """The tree's workers (by command line) whose stacks have not yet said what they do."""
+        with self._lock:
+            return [
+                n
+                for n in self._nodes.values()
+                if n.role is Role.WORKER and self._decided.get(n.pid, (None, ""))[0] != n.create_time
+            ]
 
     def refresh(self) -> None:
         """Walk the tree again (new workers appear, finished ones vanish)."""
@@ -215,12 +241,23 @@ class ProcessTree:
                 procs.pop(pid, None)
         with self._lock:
             spawned = {p: ranks for p, ranks in self._spawned.items() if p in raw}
-        roles = assign_roles(raw, self.root, spawned)
+            decided = {p: d for p, d in self._decided.items() if p in created and created[p] == d[0]}
+        trainers = {p for p, (_, role) in decided.items() if role == "trainer"}
+        roles = assign_roles(raw, self.root, spawned, trainers)
         with self._lock:
             self._spawned = spawned
+            self._decided = decided
             self._procs = procs
             self._nodes = {
-                pid: TreeNode(pid, raw[pid][0], roles.get(pid, Role.OTHER), raw[pid][1], raw[pid][2], created[pid])
+                pid: TreeNode(
+                    pid,
+                    raw[pid][0],
+                    roles.get(pid, Role.OTHER),
+                    raw[pid][1],
+                    raw[pid][2],
+                    created[pid],
+                    pid in trainers and roles.get(pid) is Role.MAIN,
+                )
                 for pid in raw
             }
 
@@ -597,6 +634,7 @@ class ProcSource:
             read_bytes_per_s=read_rate,
             write_bytes_per_s=write_rate,
             num_threads=nthreads,
+            trainer=node.trainer,
         )
 
     def _cpu_pressure(self, pid: int, now: float) -> float | None:
@@ -686,6 +724,10 @@ class ProcSource:
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 AUTOGRAD_THREAD_PREFIX = b"pt_autograd_"
 """How PyTorch names the autograd engine's thread for a device (``pt_autograd_0`` for cuda:0)."""
+COLLECTIVE_THREAD_PREFIXES = (b"pt_gloo_", b"gloo_")
+"""How torch and gloo name the threads that run CPU collectives: ProcessGroupGloo's workers
+(``pt_gloo_runloop``, 2 per process group) and gloo's transport loop (``gloo_tcp_loop``); read
+from ``/proc/PID/task/TID/comm`` of a gloo rank with torch 2.13."""
 
 # Syscall numbers per architecture: (read family, socket receive, timer sleep, wait on others).
 _SYSCALLS: dict[str, tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]]] = {
@@ -822,7 +864,9 @@ class ThreadStateSource:
         state = fields[0].decode() if fields else "?"
         # PyTorch names the autograd engine's thread for device N "pt_autograd_N"
         # (c10::setThreadName in torch/csrc/autograd/engine.cpp); the main thread's backward() waits for it.
-        autograd = tid != pid and stat[stat.find(b"(") + 1 : stat.rfind(b")")].startswith(AUTOGRAD_THREAD_PREFIX)
+        comm = stat[stat.find(b"(") + 1 : stat.rfind(b")")]
+        autograd = tid != pid and comm.startswith(AUTOGRAD_THREAD_PREFIX)
+        collective = tid != pid and comm.startswith(COLLECTIVE_THREAD_PREFIXES)
         try:
             utime, stime = int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
             cpu_s: float | None = utime + stime
@@ -872,6 +916,7 @@ class ThreadStateSource:
             runq_s=runq_s,
             run_s=run_s,
             autograd=autograd,
+            collective=collective,
         )
 
     def close(self) -> None:

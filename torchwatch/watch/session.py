@@ -55,6 +55,7 @@ from torchwatch.watch.focus import FocusPolicy
 from torchwatch.watch.hang import HangRecorder
 from torchwatch.watch.memwatch import MemoryWatch
 from torchwatch.watch.observe import Tick, Trends, observe, target_view
+from torchwatch.watch.roles import RoleProbe
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,7 @@ class Session:
             self.sources.append(self.nvml)
         self.judge = JobDiagnoser(rules, self.why_missing)
         self.hang = HangRecorder(self.tree, self.started, opts.hang_after)
+        self.roles = RoleProbe(self.tree)
         fast = fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
         policy = CadencePolicy(fast, steady_cadence(fast, opts.window_s))
         self.pacer = Pacer(policy, self._apply, self.started, adaptive=opts.adaptive)
@@ -197,6 +199,7 @@ class Session:
         t = threading.Thread(target=self._tick_loop, args=(ticked,), name="torchwatch-ticks", daemon=True)
         t.start()
         self._threads.append(t)
+        self.roles.start(self._stop)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop sampling, close the sources and join the threads. Idempotent."""
@@ -211,6 +214,7 @@ class Session:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self.roles.join(max(0.0, deadline - time.monotonic()))
         self._close_trace()
 
     @property
@@ -374,7 +378,9 @@ class Session:
         self._focus.judged(analysis.ranks, analysis.straggler.pid if analysis.straggler is not None else None)
         with self._lock:
             self.latest = analysis
-            if self.ended_at is None and not self._ranks_ended(analysis):
+            # Once torchwatch stops the training (--duration, q), what follows is its shutdown: a
+            # Hogwild main whose trainers it already ended read "sleeps on a timer" (issue 47).
+            if self.ended_at is None and not self.stopped_target and not self._ranks_ended(analysis):
                 self.last_alive = analysis
             label = analysis.verdict.label
             if not self.history or self.history[-1][1] != label:

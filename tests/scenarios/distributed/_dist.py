@@ -53,8 +53,8 @@ Step = Callable[[int], None]  # runs one step (its argument: the step's number)
 Setup = Callable[[int, int, argparse.Namespace], Step]  # (rank, world size, args) -> step
 
 
-def parse_args(name: str, doc: str | None) -> argparse.Namespace:
-    """``--seconds``, ``--relieve`` and ``--ranks`` (mp.spawn only)."""
+def parse_args(name: str, doc: str | None, ranks: int = 2) -> argparse.Namespace:
+    """``--seconds``, ``--relieve`` and ``--ranks`` (mp.spawn only; default ``ranks``)."""
     parser = argparse.ArgumentParser(
         prog=f"tests/scenarios/distributed/{name}.py",
         description=doc,
@@ -62,7 +62,7 @@ def parse_args(name: str, doc: str | None) -> argparse.Namespace:
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="train this long, then exit 0 (default 30)")
     parser.add_argument("--relieve", action="store_true", help="remove this scenario's bottleneck")
-    parser.add_argument("--ranks", type=int, default=2, help="ranks to spawn without torchrun (default 2)")
+    parser.add_argument("--ranks", type=int, default=ranks, help=f"ranks to spawn without torchrun (default {ranks})")
     return parser.parse_args()
 
 
@@ -117,9 +117,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main(name: str, doc: str | None, setup: Setup) -> None:
-    """Run the scenario: as a torchrun rank, or as the launcher of ``--ranks`` spawned ranks."""
-    args = parse_args(name, doc)
+def main(name: str, doc: str | None, setup: Setup, ranks: int = 2) -> None:
+    """Run the scenario: as a torchrun rank, or as the launcher of ``--ranks`` spawned ranks
+    (default ``ranks``: a scenario module's ``RANKS``, which bench/scenarios.py also gives torchrun)."""
+    args = parse_args(name, doc, ranks)
     if "RANK" in os.environ:
         _rank_main(int(os.environ.get("LOCAL_RANK", "0")), name, setup, args)
         return
