@@ -373,13 +373,13 @@ def test_version_comes_from_the_package_metadata(
     """pyproject.toml is the one place: the package and --version read the installed metadata."""
     import importlib.metadata
 
-    real = importlib.metadata.version("torchwatch")
+    real = importlib.metadata.version("torchwatch-live")  # the distribution's own name (pyproject.toml)
     for flag in ("--version", "-V"):  # -V as py-spy, pip and most CLIs take it
         with pytest.raises(SystemExit) as stop:
             main([flag])
         assert stop.value.code == 0
         assert capsys.readouterr().out.strip() == f"torchwatch {real}"
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch" else real)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch-live" else real)
     assert torchwatch.__version__ == "9.8.7"  # not a second copy of the number
 
 

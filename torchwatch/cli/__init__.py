@@ -36,8 +36,9 @@ ENVIRONMENT = {
     "TORCHWATCH_TRACE_DIR": "where burst traces are written (default ~/.cache/torchwatch/traces)",
     "TORCHWATCH_FLOPS": "'0': bursts count no FLOPs in their warmup step (no FLOP/s, no MFU)",
     "TORCHWATCH_HOOK": "'1' makes the hook's sitecustomize install the hook (set by run)",
-    "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package, for an interpreter "
-    "without it installed (set by run)",
+    "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package the hook is loaded from, by "
+    "path (set by run)",
+    "TORCHWATCH_BOOT_NOTE": "the file where run's hook boot says why it could not load the hook (set by run)",
     "TORCHWATCH_SPAWNED_RANK": "set by the hook around torch.multiprocessing.spawn: the processes it "
     "starts are ranks and get the hook (their DataLoader workers do not); not for users",
     "TORCHWATCH_JOB": "the job key every rank of the job shares on every node (the training_job label); "
