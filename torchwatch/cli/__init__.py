@@ -69,10 +69,49 @@ EXIT_STATUS = (
 )
 
 
-def epilog() -> str:
-    """The text after ``--help``: exit statuses and environment variables."""
+_USAGE = ("2", "usage error: a bad option or value")
+_SIGNAL = ("128+N", "torchwatch got signal N (SIGINT 130, SIGTERM 143): it stopped, then ended by that signal")
+_INTERRUPTED = ("130", "interrupted (Ctrl-C)")
+
+# Each command's own exit statuses (its --help prints them); run's are EXIT_STATUS.
+COMMAND_EXIT_STATUS: dict[str, tuple[tuple[str, str], ...]] = {
+    "run": EXIT_STATUS,
+    "attach": tuple(row for row in EXIT_STATUS if row[0] != "N"),
+    "detach": (
+        ("0", "the hook was taken out"),
+        _USAGE,
+        ("1", "nothing taken out: no such PID, no hook attach injected, another user's process, the injection failed"),
+        _INTERRUPTED,
+    ),
+    "burst": (
+        ("0", "the burst's summary was printed"),
+        _USAGE,
+        ("1", "no burst: no such PID, no hook in it, the signal not caught, refused, timed out"),
+        _INTERRUPTED,
+    ),
+    "trial": (
+        ("0", "the speed-up was measured (its interval is printed)"),
+        _USAGE,
+        ("1", "not measured: no such PID, no hook in it, refused, the training ended or --max-s passed first"),
+        _SIGNAL,
+    ),
+    "doctor": (("0", "everything needed works"), _USAGE, ("1", "something needed does not work (printed)")),
+    "compare": (("0", "the comparison was printed"), ("2", "a bad option, or a file that is not a torchwatch report")),
+    "serve": (
+        ("0", "--duration ran out"),
+        _USAGE,
+        ("1", "cannot serve (the port is taken, an unwritable --log-file)"),
+        ("128+N", "SIGTERM or SIGINT stopped it (143, 130)"),
+    ),
+    "rules": (("0", "the rules are valid (check) or were listed"), ("2", "a malformed rule file or a bad option")),
+}
+
+
+def epilog(command: str = "run") -> str:
+    """The text after ``--help`` of ``command``: its exit statuses (:data:`COMMAND_EXIT_STATUS`)
+    and the environment variables."""
     lines = ["exit status:"]
-    lines += [f"  {code:6s} {text}" for code, text in EXIT_STATUS]
+    lines += [f"  {code:6s} {text}" for code, text in COMMAND_EXIT_STATUS[command]]
     lines += ["", "environment (set in the training's environment; run sets the hook's itself):"]
     lines += [f"  {name:28s} {text}" for name, text in ENVIRONMENT.items()]
     return "\n".join(lines)
@@ -289,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch the running process PID and its children (torchwatch itself and its helpers excluded). "
         "A PID that is not a training but whose tree holds several (PID 1, a shell running two) is refused with "
         "their PIDs: attach to one, or watch them all with torchwatch serve.",
-        epilog=epilog(),
+        epilog=epilog("attach"),
         formatter_class=fmt,
     )
     _common(attach)
@@ -310,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="take the hook that attach injected out of a training",
         description="Take the hook torchwatch attach injected out of PID: its burst signal handler is put back, "
         "torch is unpatched and the hook's files are removed. attach does this itself when it ends.",
-        epilog=epilog(),
+        epilog=epilog("detach"),
         formatter_class=fmt,
     )
     detach.add_argument("pid", metavar="PID", help="PID of the training process")
@@ -320,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask a hooked training for a torch.profiler burst and print its summary",
         description="Ask the hook in PID for a short torch.profiler burst (it must catch the signal), wait for it "
         "(a spinner on a terminal), print the step-time breakdown and the trace path.",
-        epilog=epilog(),
+        epilog=epilog("burst"),
         formatter_class=fmt,
     )
     burst.add_argument("pid", metavar="PID", help="PID of the training process (started by torchwatch run, or hooked)")
@@ -332,12 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
         "trial",
         help="try a setting on a running training, live, and measure what it buys",
         description="Switch SETTING to VALUE in the hooked training PID (every rank of its job) for a block of "
-        "steps, back for the next (on, off, off, on, ...), until the speed-up's 95 %% interval is within +-5 %% "
+        "steps, back for the next (on, off, off, on, ...), until the speed-up's 95 % interval is within +-5 % "
         "or --max-s passes; then put the training's value back (or keep it with --keep when faster). "
         "Settings: " + ", ".join(s.name for s in _trial_settings() if s.refused is None) + ". "
         "DataLoader settings alternate whole epochs. TF32 and matmul precision change numerics: only with "
         "--allow-numerics.",
-        epilog=epilog(),
+        epilog=epilog("trial"),
         formatter_class=fmt,
     )
     trial.add_argument("pid", metavar="PID", help="PID of the training (a rank or the launcher of a job)")
@@ -356,7 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trial.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-' for stdout)")
     _logging_options(trial, top=False)
-    rules = sub.add_parser("rules", help="check or list diagnosis rules")
+    rules = sub.add_parser(
+        "rules",
+        help="check or list diagnosis rules",
+        epilog=epilog("rules"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser, required=True)
     check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
     check.add_argument("dir", type=Path, metavar="DIR")
@@ -384,6 +428,8 @@ def _add_doctor(sub: Any) -> None:
         help="check what works on this machine and, with PID, for that process",
         description="Check ptrace, py-spy, NVML, PSI, delay accounting, CPU quota, /dev/shm and the hook "
         "directory, and with PID whether it can be watched and injected into. Exit 0 when everything needed works.",
+        epilog=epilog("doctor"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("pid", nargs="?", metavar="PID", help="a training process to check too")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
@@ -396,8 +442,10 @@ def _add_compare(sub: Any) -> None:
         "compare",
         help="compare two JSON reports: speedup, verdicts, settings that differ, features that moved",
         description="Compare report A (before) with report B (after), both written by run/attach --json: steps/s "
-        "change (x, %%), both verdicts, the settings that differ and those that do not, the features that moved "
+        "change (x, %), both verdicts, the settings that differ and those that do not, the features that moved "
         "most. Exit 2 when a file is not a torchwatch report.",
+        epilog=epilog("compare"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     compare.add_argument("a", metavar="A.json", help="the report before the change")
     compare.add_argument("b", metavar="B.json", help="the report after the change")
@@ -416,7 +464,7 @@ def _add_serve(sub: Any) -> None:
         "readings of torchwatch's hook where a training carries it; nothing is injected. New trainings are "
         "picked up, ended ones dropped. --prometheus serves them all; without it a status line per training "
         "goes to stderr. SIGTERM or SIGINT stops it (exit 128+N).",
-        epilog=epilog(),
+        epilog=epilog("serve"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _prometheus_option(serve)

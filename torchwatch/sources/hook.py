@@ -32,6 +32,18 @@ from torchwatch.sources import FocusedSource
 from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
+
+
+def running_no_hook_hint(pid: int) -> str:
+    """The hint for a command that needs the hook in the running training ``pid`` (burst, trial):
+    :data:`NO_HOOK_HINT`, or inject it now with ``attach --keep-hook``."""
+    return (
+        "start the training with torchwatch run, call torchwatch.hook.install() at the top of the script, "
+        f"or inject it into the running training: torchwatch attach {pid} --keep-hook (torchwatch detach {pid} "
+        "takes it out)"
+    )
+
+
 BOOT_NOTE_BYTES = 400  # as the boot writes it (torchwatch/hook/boot/sitecustomize.py)
 BOOT_FAILED_HINT = (
     "the training's Python could not load torchwatch's hook from torchwatch's own directory: install torchwatch "
@@ -335,7 +347,7 @@ class HookReader:
         """Whether a burst may be asked for now, and if not, why (one line)."""
         rec = self.record()
         if rec is None:
-            hint = f": {NO_HOOK_HINT}" if self.missing else ""
+            hint = f": {running_no_hook_hint(self.pid)}" if self.missing else ""
             return False, (self.reason or f"no hook in PID {self.pid}") + hint
         signum = rec.signal
         name = wire.signal_name(signum)
