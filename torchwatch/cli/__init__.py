@@ -104,6 +104,7 @@ COMMAND_EXIT_STATUS: dict[str, tuple[tuple[str, str], ...]] = {
         ("128+N", "SIGTERM or SIGINT stopped it (143, 130)"),
     ),
     "rules": (("0", "the rules are valid (check) or were listed"), ("2", "a malformed rule file or a bad option")),
+    "completion": (("0", "the script was printed"), ("2", "a shell other than bash, zsh, fish")),
 }
 
 
@@ -417,6 +418,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     _add_compare(sub)
     _add_serve(sub)
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Print the completion script for SHELL, made from this parser. bash: add "
+        "'source <(torchwatch completion bash)' to ~/.bashrc; zsh: the same with zsh in ~/.zshrc; fish: "
+        "torchwatch completion fish > ~/.config/fish/completions/torchwatch.fish",
+        epilog=epilog("completion"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
+    _logging_options(completion, top=False)
     _logging_options(listing, top=False)
     return parser
 
@@ -649,6 +661,11 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
         configure_logging(args.verbose, args.log_file)
         if args.command == "rules":
             code = _rules_command(args)
+        elif args.command == "completion":
+            from torchwatch.cli.completion import script
+
+            sys.stdout.write(script(args.shell, build_parser()))
+            code = 0
         elif args.command == "doctor":
             from torchwatch.cli.doctor import doctor_command
 
