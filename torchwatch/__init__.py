@@ -19,3 +19,17 @@ def __getattr__(name: str) -> str:
         except PackageNotFoundError:  # a source tree on sys.path, not installed
             return "0+unknown"
     raise AttributeError(f"module 'torchwatch' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext torchwatch`` in a Jupyter notebook: the ``%torchwatch`` magic (:mod:`torchwatch.notebook`)."""
+    from torchwatch.notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: object) -> None:
+    """``%unload_ext torchwatch``: stops the kernel's watcher."""
+    from torchwatch.notebook import unload_ipython_extension as unload
+
+    unload(ipython)
