@@ -373,13 +373,13 @@ def test_version_comes_from_the_package_metadata(
     """pyproject.toml is the one place: the package and --version read the installed metadata."""
     import importlib.metadata
 
-    real = importlib.metadata.version("torchwatch")
+    real = importlib.metadata.version("torchwatch-live")  # the distribution's own name (pyproject.toml)
     for flag in ("--version", "-V"):  # -V as py-spy, pip and most CLIs take it
         with pytest.raises(SystemExit) as stop:
             main([flag])
         assert stop.value.code == 0
         assert capsys.readouterr().out.strip() == f"torchwatch {real}"
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch" else real)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "torchwatch-live" else real)
     assert torchwatch.__version__ == "9.8.7"  # not a second copy of the number
 
 
@@ -420,3 +420,37 @@ def test_after_a_failed_injection_the_line_says_whether_the_training_still_runs(
             p.kill()
             p.wait()
     assert "is gone" in _runs_after_failure(busy.pid)
+
+
+def _subcommands() -> list[list[str]]:
+    """Every command line that has a ``--help``: the top level, each sub-command, rules' own."""
+    parser = build_parser()
+    out: list[list[str]] = [[]]
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for name, sub in action.choices.items():
+            out.append([name])
+            for inner in sub._subparsers._group_actions if sub._subparsers else []:
+                out += [[name, n] for n in inner.choices]
+    return out
+
+
+def test_every_help_has_no_doubled_percent_and_its_own_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    """A description is printed as written (argparse %-formats only option help): ``%%`` there
+    shows doubled. Each command lists its own exit statuses: trial's are not run's."""
+    from torchwatch.cli import COMMAND_EXIT_STATUS
+
+    commands = _subcommands()
+    assert {c[0] for c in commands if c} >= {"run", "attach", "trial", "compare", "burst", "detach", "serve"}
+    for command in commands:
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "%%" not in out, command
+        if len(command) == 1 and command[0] in COMMAND_EXIT_STATUS:
+            statuses = out.split("exit status:", 1)[1].split("environment", 1)[0]
+            for code, text in COMMAND_EXIT_STATUS[command[0]]:
+                assert f"{code} {' '.join(text.split())}" in statuses, (command, code)
+            if command[0] != "run":  # the training's own status and --fail-on's only where they apply
+                assert "run: the training's own exit status" not in statuses, command
+                assert ("--fail-on" in statuses) == ("--fail-on" in out.split("exit status:", 1)[0]), command
+    assert set(COMMAND_EXIT_STATUS) == {c[0] for c in commands if len(c) == 1}

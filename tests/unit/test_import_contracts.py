@@ -110,15 +110,39 @@ def test_each_module_of_the_channel_is_short() -> None:
 
 def imported_top_modules(path: Path) -> set[str]:
     """The top-level names of every module ``path`` imports (in functions too); ``torchwatch.wire``
-    counts as ``torchwatch.wire``."""
+    counts as ``torchwatch.wire``, and a relative import as the absolute name it resolves to."""
     names: set[str] = set()
+    package = ".".join(path.relative_to(PACKAGE.parent).parent.parts)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"{path.name}: a relative import"
-            names.add(node.module or "")
-    return {n if n.startswith("torchwatch.") else n.split(".")[0] for n in names}
+            if node.level == 0:
+                names.add(node.module or "")
+                continue
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            names.add(f"{base}.{node.module}" if node.module else base)
+    return {n if n.startswith("torchwatch.") or n == "torchwatch" else n.split(".")[0] for n in names}
+
+
+def test_the_hook_and_its_channel_import_torchwatch_only_relatively() -> None:
+    """``torchwatch run`` and ``attach`` load the hook by path under a private name when the training's
+    ``torchwatch`` is another package (:mod:`torchwatch.wire.bypath`): an absolute ``torchwatch``
+    import in the hook or its channel would reach that other package."""
+    absolute = []
+    for path in [*(PACKAGE / "wire").glob("*.py"), *(PACKAGE / "hook").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                absolute += [
+                    f"{path.name}: import {a.name}" for a in node.names if a.name.split(".")[0] == "torchwatch"
+                ]
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").split(".")[0] == "torchwatch"
+            ):
+                absolute.append(f"{path.name}: from {node.module}")
+    assert absolute == []
 
 
 def test_the_channel_imports_the_standard_library_only() -> None:

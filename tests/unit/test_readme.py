@@ -221,7 +221,7 @@ def test_the_first_set_up_command_is_made_of_valid_parts() -> None:
     assert install_torch == _ci_line().split("&&")[0].strip(), "the same torch pin as CI"
     assert install_self == "pip install -e ."
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'name = "torchwatch"' in pyproject
+    assert 'name = "torchwatch-live"' in pyproject  # the distribution's own name; the import name is torchwatch
     assert re.search(r'^torchwatch = "torchwatch\.cli:\w+"', pyproject, re.M), "the console script"
     assert check_torchwatch_command(watch) == []
     training = shlex.split(watch.split(" -- ", 1)[1])
@@ -233,13 +233,25 @@ def test_the_first_set_up_command_is_made_of_valid_parts() -> None:
 
 
 # -- every other command ------------------------------------------------------------------------------
+# Installing torchwatch as a tool from the checkout: what .ci/wheel_check.sh does (with the built wheel).
+TOOL_INSTALLS = ("pipx install .", "uv tool install .")
+
+
+def test_the_tool_installs_are_what_ci_checks() -> None:
+    check = (REPO / ".ci" / "wheel_check.sh").read_text()
+    for command in TOOL_INSTALLS:
+        tool, verb = command.rsplit(" ", 1)[0].split(" ", 1)
+        assert re.search(rf'/{tool}"? {verb} [^\n]*"\$wheel"', check), command  # the built wheel, as the tool
+    assert "wheel_check.sh" in CI_RUN.read_text()
+
+
 def test_every_command_in_the_readme_is_a_set_up_command_or_parses() -> None:
     setup = {c.text for c in _setup_commands()}
     commands = readme_commands(README.read_text())
     assert len(commands) >= 10, "the extraction itself works"
     problems = []
     for command in commands:
-        if command.text in setup:
+        if command.text in setup or command.text in TOOL_INSTALLS:
             continue
         if not command.text.startswith("torchwatch "):
             problems.append(f"README line {command.line}: neither a set-up command nor torchwatch: {command.text!r}")

@@ -36,8 +36,9 @@ ENVIRONMENT = {
     "TORCHWATCH_TRACE_DIR": "where burst traces are written (default ~/.cache/torchwatch/traces)",
     "TORCHWATCH_FLOPS": "'0': bursts count no FLOPs in their warmup step (no FLOP/s, no MFU)",
     "TORCHWATCH_HOOK": "'1' makes the hook's sitecustomize install the hook (set by run)",
-    "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package, for an interpreter "
-    "without it installed (set by run)",
+    "TORCHWATCH_HOOK_PATH": "the directory holding the torchwatch package the hook is loaded from, by "
+    "path (set by run)",
+    "TORCHWATCH_BOOT_NOTE": "the file where run's hook boot says why it could not load the hook (set by run)",
     "TORCHWATCH_SPAWNED_RANK": "set by the hook around torch.multiprocessing.spawn: the processes it "
     "starts are ranks and get the hook (their DataLoader workers do not); not for users",
     "TORCHWATCH_JOB": "the job key every rank of the job shares on every node (the training_job label); "
@@ -68,10 +69,50 @@ EXIT_STATUS = (
 )
 
 
-def epilog() -> str:
-    """The text after ``--help``: exit statuses and environment variables."""
+_USAGE = ("2", "usage error: a bad option or value")
+_SIGNAL = ("128+N", "torchwatch got signal N (SIGINT 130, SIGTERM 143): it stopped, then ended by that signal")
+_INTERRUPTED = ("130", "interrupted (Ctrl-C)")
+
+# Each command's own exit statuses (its --help prints them); run's are EXIT_STATUS.
+COMMAND_EXIT_STATUS: dict[str, tuple[tuple[str, str], ...]] = {
+    "run": EXIT_STATUS,
+    "attach": tuple(row for row in EXIT_STATUS if row[0] != "N"),
+    "detach": (
+        ("0", "the hook was taken out"),
+        _USAGE,
+        ("1", "nothing taken out: no such PID, no hook attach injected, another user's process, the injection failed"),
+        _INTERRUPTED,
+    ),
+    "burst": (
+        ("0", "the burst's summary was printed"),
+        _USAGE,
+        ("1", "no burst: no such PID, no hook in it, the signal not caught, refused, timed out"),
+        _INTERRUPTED,
+    ),
+    "trial": (
+        ("0", "the speed-up was measured (its interval is printed)"),
+        _USAGE,
+        ("1", "not measured: no such PID, no hook in it, refused, the training ended or --max-s passed first"),
+        _SIGNAL,
+    ),
+    "doctor": (("0", "everything needed works"), _USAGE, ("1", "something needed does not work (printed)")),
+    "compare": (("0", "the comparison was printed"), ("2", "a bad option, or a file that is not a torchwatch report")),
+    "serve": (
+        ("0", "--duration ran out"),
+        _USAGE,
+        ("1", "cannot serve (the port is taken, an unwritable --log-file)"),
+        ("128+N", "SIGTERM or SIGINT stopped it (143, 130)"),
+    ),
+    "rules": (("0", "the rules are valid (check) or were listed"), ("2", "a malformed rule file or a bad option")),
+    "completion": (("0", "the script was printed"), ("2", "a shell other than bash, zsh, fish")),
+}
+
+
+def epilog(command: str = "run") -> str:
+    """The text after ``--help`` of ``command``: its exit statuses (:data:`COMMAND_EXIT_STATUS`)
+    and the environment variables."""
     lines = ["exit status:"]
-    lines += [f"  {code:6s} {text}" for code, text in EXIT_STATUS]
+    lines += [f"  {code:6s} {text}" for code, text in COMMAND_EXIT_STATUS[command]]
     lines += ["", "environment (set in the training's environment; run sets the hook's itself):"]
     lines += [f"  {name:28s} {text}" for name, text in ENVIRONMENT.items()]
     return "\n".join(lines)
@@ -288,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch the running process PID and its children (torchwatch itself and its helpers excluded). "
         "A PID that is not a training but whose tree holds several (PID 1, a shell running two) is refused with "
         "their PIDs: attach to one, or watch them all with torchwatch serve.",
-        epilog=epilog(),
+        epilog=epilog("attach"),
         formatter_class=fmt,
     )
     _common(attach)
@@ -309,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="take the hook that attach injected out of a training",
         description="Take the hook torchwatch attach injected out of PID: its burst signal handler is put back, "
         "torch is unpatched and the hook's files are removed. attach does this itself when it ends.",
-        epilog=epilog(),
+        epilog=epilog("detach"),
         formatter_class=fmt,
     )
     detach.add_argument("pid", metavar="PID", help="PID of the training process")
@@ -319,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask a hooked training for a torch.profiler burst and print its summary",
         description="Ask the hook in PID for a short torch.profiler burst (it must catch the signal), wait for it "
         "(a spinner on a terminal), print the step-time breakdown and the trace path.",
-        epilog=epilog(),
+        epilog=epilog("burst"),
         formatter_class=fmt,
     )
     burst.add_argument("pid", metavar="PID", help="PID of the training process (started by torchwatch run, or hooked)")
@@ -331,12 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
         "trial",
         help="try a setting on a running training, live, and measure what it buys",
         description="Switch SETTING to VALUE in the hooked training PID (every rank of its job) for a block of "
-        "steps, back for the next (on, off, off, on, ...), until the speed-up's 95 %% interval is within +-5 %% "
+        "steps, back for the next (on, off, off, on, ...), until the speed-up's 95 % interval is within +-5 % "
         "or --max-s passes; then put the training's value back (or keep it with --keep when faster). "
         "Settings: " + ", ".join(s.name for s in _trial_settings() if s.refused is None) + ". "
         "DataLoader settings alternate whole epochs. TF32 and matmul precision change numerics: only with "
         "--allow-numerics.",
-        epilog=epilog(),
+        epilog=epilog("trial"),
         formatter_class=fmt,
     )
     trial.add_argument("pid", metavar="PID", help="PID of the training (a rank or the launcher of a job)")
@@ -355,7 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trial.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-' for stdout)")
     _logging_options(trial, top=False)
-    rules = sub.add_parser("rules", help="check or list diagnosis rules")
+    rules = sub.add_parser(
+        "rules",
+        help="check or list diagnosis rules",
+        epilog=epilog("rules"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", parser_class=_Parser, required=True)
     check = rules_sub.add_parser("check", help="validate the *.toml rule files of DIR")
     check.add_argument("dir", type=Path, metavar="DIR")
@@ -372,6 +418,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     _add_compare(sub)
     _add_serve(sub)
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Print the completion script for SHELL, made from this parser. bash: add "
+        "'source <(torchwatch completion bash)' to ~/.bashrc; zsh: the same with zsh in ~/.zshrc; fish: "
+        "torchwatch completion fish > ~/.config/fish/completions/torchwatch.fish",
+        epilog=epilog("completion"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell")
+    _logging_options(completion, top=False)
     _logging_options(listing, top=False)
     return parser
 
@@ -383,6 +440,8 @@ def _add_doctor(sub: Any) -> None:
         help="check what works on this machine and, with PID, for that process",
         description="Check ptrace, py-spy, NVML, PSI, delay accounting, CPU quota, /dev/shm and the hook "
         "directory, and with PID whether it can be watched and injected into. Exit 0 when everything needed works.",
+        epilog=epilog("doctor"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("pid", nargs="?", metavar="PID", help="a training process to check too")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
@@ -395,8 +454,10 @@ def _add_compare(sub: Any) -> None:
         "compare",
         help="compare two JSON reports: speedup, verdicts, settings that differ, features that moved",
         description="Compare report A (before) with report B (after), both written by run/attach --json: steps/s "
-        "change (x, %%), both verdicts, the settings that differ and those that do not, the features that moved "
+        "change (x, %), both verdicts, the settings that differ and those that do not, the features that moved "
         "most. Exit 2 when a file is not a torchwatch report.",
+        epilog=epilog("compare"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     compare.add_argument("a", metavar="A.json", help="the report before the change")
     compare.add_argument("b", metavar="B.json", help="the report after the change")
@@ -415,7 +476,7 @@ def _add_serve(sub: Any) -> None:
         "readings of torchwatch's hook where a training carries it; nothing is injected. New trainings are "
         "picked up, ended ones dropped. --prometheus serves them all; without it a status line per training "
         "goes to stderr. SIGTERM or SIGINT stops it (exit 128+N).",
-        epilog=epilog(),
+        epilog=epilog("serve"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _prometheus_option(serve)
@@ -614,6 +675,11 @@ def main(argv: Sequence[str] | None = None, *, exit_by_signal: bool = False) -> 
         configure_logging(args.verbose, args.log_file)
         if args.command == "rules":
             code = _rules_command(args)
+        elif args.command == "completion":
+            from torchwatch.cli.completion import script
+
+            sys.stdout.write(script(args.shell, build_parser()))
+            code = 0
         elif args.command == "doctor":
             from torchwatch.cli.doctor import doctor_command
 

@@ -240,8 +240,22 @@ def _run(
     cmd: Sequence[str], rules: list[Rule], opts: WatchOptions, stops: StopSignals, exporter: Exporter | None
 ) -> int:
     """:func:`run_command` once the checks passed: launch, watch, report."""
+    with tempfile.TemporaryDirectory(prefix="torchwatch-boot-") as boot_dir:
+        # where the hook's boot says why it could not load the hook (read by the hook source)
+        note = Path(boot_dir) / "note" if opts.hook else None
+        return _run_noted(cmd, rules, opts, stops, exporter, note)
+
+
+def _run_noted(
+    cmd: Sequence[str],
+    rules: list[Rule],
+    opts: WatchOptions,
+    stops: StopSignals,
+    exporter: Exporter | None,
+    note: Path | None,
+) -> int:
     log_path: Path | None = None
-    env = hook_env(opts.burst_at) if opts.hook else None
+    env = hook_env(opts.burst_at, boot_note=note) if opts.hook else None
     if opts.headless:
         # With the JSON on stdout the training's stdout goes to stderr, so stdout stays valid JSON.
         child = launch(cmd, stdout=2 if opts.json_path == "-" else None, env=env, own_group=needs_own_group(False))
@@ -254,7 +268,9 @@ def _run(
                 cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, own_group=True
             )
     try:
-        session = Session(child.pid, rules, opts.session_options(launched=True), child=child)
+        session = Session(
+            child.pid, rules, replace(opts.session_options(launched=True), hook_boot_note=note), child=child
+        )
     except psutil.NoSuchProcess:
         code = shell_status(child.wait() or 0)
         child.close()

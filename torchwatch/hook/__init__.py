@@ -17,7 +17,7 @@ from pathlib import Path
 
 # Python processes that are not the training even though they inherit its environment (one list,
 # shared with torchwatch's role assignment).
-from torchwatch.wire import HELPER_MODULE_PREFIXES, HELPER_SCRIPT_DIRS, LAUNCHER_MODULES, LAUNCHER_SCRIPTS
+from ..wire import HELPER_MODULE_PREFIXES, HELPER_SCRIPT_DIRS, LAUNCHER_MODULES, LAUNCHER_SCRIPTS
 
 __all__ = ["install", "should_install"]
 
@@ -67,7 +67,7 @@ def should_install(argv: Sequence[str] | None = None, spawn_mark: str | None = N
 
 def _env_signal() -> tuple[int, str]:
     """The burst signal from ``$TORCHWATCH_SIGNAL`` (SIGUSR2 by default), or ``(0, why)``."""
-    from torchwatch import wire
+    from .. import wire
 
     text = os.environ.get("TORCHWATCH_SIGNAL")
     if not text:
@@ -133,12 +133,12 @@ def install(
         does not belong in (DataLoader worker, launcher) or when it could not start.
     """
     try:
-        from torchwatch import wire
-        from torchwatch.hook import ranks, runtime
+        from .. import wire
+        from . import ranks, runtime
 
         mark = ranks.take_spawn_mark()  # first: never passed on to this process's own children
-        if runtime.current() is not None:
-            return True
+        if runtime.current() is not None or runtime.installed_elsewhere():
+            return True  # installed already (by another copy of torchwatch: see runtime.installed_elsewhere)
         ok, _why = should_install(spawn_mark=mark)
         if not ok:
             return False

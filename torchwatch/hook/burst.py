@@ -54,8 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchwatch import wire
-from torchwatch.hook import flops
+from .. import wire
+from . import flops
 
 BurstParams = wire.BurstRequest  # the bounds of one burst, as torchwatch's request.json gives them
 ARM_MAX_S = 300.0  # a burst waiting for its start_step gives up after this long
@@ -547,7 +547,7 @@ class Burster:
                 )
                 out["error"] = out["trace_note"] + " (profile fewer steps)"
                 return out
-            from torchwatch.hook.summary import load_trace, summarize_trace
+            from .summary import load_trace, summarize_trace
 
             trace = load_trace(folder / raw_name)
             try:

@@ -42,7 +42,7 @@ import time
 from collections import deque
 from typing import Any, NamedTuple
 
-from torchwatch import wire
+from .. import wire
 
 LIMIT_GB_TYPES = ("Dynamo recompile limit exceeded", "cache_size_limit", "recompile_limit")
 """Text in torch's reason for a frame that hit the recompile limit (``unimplemented`` counter key

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchwatch import wire
+from .. import wire
 
 
 def read_threads(torch: Any) -> wire.ThreadSettings:

@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Any
 
-from torchwatch import wire
+from .. import wire
 
 ENV = "TORCHWATCH_FLOPS"
 """``TORCHWATCH_FLOPS=0`` in the training's environment: bursts count no FLOPs (for the bench's

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from torchwatch import wire
+from .. import wire
 
 SAMPLE_EVERY_S = 0.5
 """Seconds between two reads at step boundaries: the Memory panel's trend needs about one point

@@ -48,8 +48,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchwatch import wire
-from torchwatch.hook import ranks, runtime
+from .. import wire
+from . import ranks, runtime
 
 FRAMES = 12  # frames above the DataLoader wrapper searched for the loader (the loop is usually 1-3 up)
 # Frames of the main thread searched at install time: it may be held deep inside a batch's
@@ -78,9 +78,7 @@ _LIVE: _Live | None = None
 def _lazy_modules() -> None:
     """Import now what the hook imports later: the payload takes torchwatch's directory off
     ``sys.path`` again, so a later import would fail in a training without torchwatch."""
-    import torchwatch.hook.burst
-    import torchwatch.hook.cpus
-    import torchwatch.hook.summary  # noqa: F401
+    from . import burst, cpus, summary  # noqa: F401
 
 
 def _loader_classes() -> tuple[Any, Any] | None:
@@ -262,7 +260,10 @@ def install() -> dict[str, Any]:
             how = "by torchwatch attach" if _LIVE is not None else "at start (torchwatch run or hook.install())"
             out.update(installed=True, already=True, reason=f"the hook is already installed {how}: nothing done")
             return out
-        from torchwatch.hook import _env_signal, should_install
+        if other := runtime.installed_elsewhere():
+            out.update(installed=True, already=True, reason=f"the hook is already installed from {other}: nothing done")
+            return out
+        from . import _env_signal, should_install
 
         ok, why = should_install()
         if not ok and ranks.spawn_index() is not None:

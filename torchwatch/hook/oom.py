@@ -32,8 +32,8 @@ from dataclasses import replace
 from types import FrameType
 from typing import Any
 
-from torchwatch import wire
-from torchwatch.hook.gpu import _count
+from .. import wire
+from .gpu import _count
 
 SNAPSHOT_MAX_SEGMENTS = 100_000
 """Segments summarised at most (a long training with changing shapes holds thousands; the

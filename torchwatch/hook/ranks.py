@@ -42,7 +42,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from torchwatch import wire
+from .. import wire
 
 SPAWN_MARK = "TORCHWATCH_SPAWNED_RANK"
 """Set by the hook of a process around its ``torch.multiprocessing.start_processes`` calls: the

@@ -44,15 +44,15 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from torchwatch import wire
-from torchwatch.hook import ranks
-from torchwatch.hook.burst import Burster, BurstParams
-from torchwatch.hook.compiled import CompileWatch
-from torchwatch.hook.cpus import read_threads
-from torchwatch.hook.gpu import GpuWatch
-from torchwatch.hook.oom import OomWatch
-from torchwatch.hook.trial import Trials
-from torchwatch.wire import request_kind
+from .. import wire
+from ..wire import request_kind
+from . import ranks
+from .burst import Burster, BurstParams
+from .compiled import CompileWatch
+from .cpus import read_threads
+from .gpu import GpuWatch
+from .oom import OomWatch
+from .trial import Trials
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
@@ -337,7 +337,7 @@ class Hook:
             return
         finally:
             os.close(base_fd)
-        from torchwatch.wire import usable_cpus
+        from ..wire import usable_cpus
 
         self.usable_cpus = usable_cpus()
         with contextlib.suppress(OSError):
@@ -1101,6 +1101,23 @@ def _after_fork_in_child() -> None:
 def current() -> Hook | None:
     """The hook of this process, or ``None`` (never installed, or this is a forked child)."""
     return _HOOK if _HOOK is not None and _HOOK.pid == os.getpid() else None
+
+
+def installed_elsewhere() -> str:
+    """Where a hook installed by another copy of this package in this process runs from: the
+    training's own ``torchwatch.hook.install()`` under the name ``torchwatch``, or ``torchwatch
+    run``'s loaded by path under :data:`torchwatch.wire.bypath.PRIVATE`, when the two are different
+    installs. ``""`` when no other copy has a hook installed."""
+    for name in ("torchwatch.hook.runtime", "_torchwatch_by_path.hook.runtime"):
+        other = sys.modules.get(name)
+        if other is None or other is sys.modules.get(__name__):
+            continue
+        try:
+            if other.current() is not None:
+                return str(getattr(other, "__file__", name))
+        except Exception:
+            continue
+    return ""
 
 
 def start(

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchwatch.wire import CATEGORIES, IDLE_PARTS, NAME, PHASES  # one home: the wire format both sides share
+from ..wire import CATEGORIES, IDLE_PARTS, NAME, PHASES  # one home: the wire format both sides share
 
 __all__ = ["CATEGORIES", "IDLE_PARTS", "PHASES", "load_trace", "summarize_trace"]
 

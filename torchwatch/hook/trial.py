@@ -33,8 +33,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from torchwatch import wire
-from torchwatch.wire import TEXT, WireError, clean_text
+from .. import wire
+from ..wire import TEXT, WireError, clean_text
 
 TIMER_GRACE_S = 2.0  # after max_s, the timer ends a trial that saw no step boundary
 

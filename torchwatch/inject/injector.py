@@ -68,7 +68,8 @@ class Payload:
             otherwise) comes back in :attr:`Outcome.value`.
         thread: run it in a new thread of the target (the default: the main thread is held
             only to start it) or, ``False``, on the main thread while it is held.
-        path: the directory appended to the target's ``sys.path`` while importing; default
+        path: the directory holding the torchwatch package the module is loaded from, by path
+            (:func:`torchwatch.wire.bypath.load`); default
             torchwatch's own install (:attr:`Host.package_root`).
     """
 

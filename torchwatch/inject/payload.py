@@ -8,9 +8,10 @@ that binds no name there and lets no exception out (a ``SystemExit`` escaping
 1. does nothing at all when torchwatch has given up (its result directory is gone or the
    deadline has passed: ``sys.remote_exec`` runs the code whenever the target reaches a
    safe point, possibly late);
-2. appends torchwatch's install directory to ``sys.path`` only if absent, imports the entry
-   point's module (the target's own torchwatch wins when it has one, as in the ``run``
-   bootstrap), removes the entry again, and calls ``module.function()``;
+2. imports the entry point's module from torchwatch's install directory by its path
+   (:mod:`torchwatch.wire.bypath`, as the ``run`` bootstrap does: by the name ``torchwatch`` only
+   when that name is this very package in the target, otherwise under a private name, so a
+   ``torchwatch`` of the target's own is neither used nor shadowed), and calls ``module.function()``;
 3. on any failure removes the modules of the entry point's package it imported, writes one
    line to the target's stderr (nothing is written on success), and re-delivers a Ctrl-C
    that arrived meanwhile;
@@ -63,23 +64,35 @@ def _torchwatch_injected(p):
     def run():
         result["main_thread"] = _thread.get_ident() == main_ident
         before = set(sys.modules)
-        package = p["module"].split(".")[0]
-        added = p["path"] not in sys.path
+        packages = (p["module"].split(".")[0], "_torchwatch_by_path")
         try:
-            if added:
-                sys.path.append(p["path"])
-            try:
-                import importlib
-                module = importlib.import_module(p["module"])
-            finally:
-                if added and p["path"] in sys.path:
-                    sys.path.remove(p["path"])
+            import importlib.util
+            if packages[0] == "torchwatch":
+                where = os.path.join(p["path"], "torchwatch", "wire", "bypath.py")
+                if not os.path.isfile(where):
+                    raise ImportError("%s is missing" % where)
+                spec = importlib.util.spec_from_file_location("_torchwatch_bypath", where)
+                if spec is None or spec.loader is None:
+                    raise ImportError("cannot read %s" % where)
+                bypath = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(bypath)
+                module = bypath.load(p["path"], p["module"])
+            else:  # another package (the tests'): from p["path"], appended to sys.path while importing
+                added = p["path"] not in sys.path
+                if added:
+                    sys.path.append(p["path"])
+                try:
+                    module = importlib.import_module(p["module"])
+                finally:
+                    if added and p["path"] in sys.path:
+                        sys.path.remove(p["path"])
             result["module_file"] = getattr(module, "__file__", None)
+            result["module_name"] = getattr(module, "__name__", None)
             result["value"] = getattr(module, p["function"])()
             result["ok"] = True
         except BaseException as exc:
             for name in set(sys.modules) - before:
-                if name == package or name.startswith(package + "."):
+                if name.split(".")[0] in packages:
                     sys.modules.pop(name, None)
             result["error"] = ("%s: %s" % (type(exc).__name__, exc))[:500]
             try:
@@ -110,7 +123,8 @@ def source(params: dict[str, Any]) -> str:
     Args:
         params: ``out`` (result directory), ``token`` (echoed back, so a stale or forged file is
             told apart), ``deadline`` (``time.time()`` after which the code does nothing),
-            ``module``, ``function``, ``path`` (appended to ``sys.path`` while importing),
+            ``module``, ``function``, ``path`` (the directory holding the torchwatch package the
+            module is loaded from, :func:`torchwatch.wire.bypath.load`),
             ``thread`` (bool); ``schema``, ``result`` and ``max_bytes`` are filled in here.
             Values must be str, float, int or bool (they are embedded with ``repr``).
 

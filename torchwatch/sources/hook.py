@@ -32,6 +32,23 @@ from torchwatch.sources import FocusedSource
 from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
+
+
+def running_no_hook_hint(pid: int) -> str:
+    """The hint for a command that needs the hook in the running training ``pid`` (burst, trial):
+    :data:`NO_HOOK_HINT`, or inject it now with ``attach --keep-hook``."""
+    return (
+        "start the training with torchwatch run, call torchwatch.hook.install() at the top of the script, "
+        f"or inject it into the running training: torchwatch attach {pid} --keep-hook (torchwatch detach {pid} "
+        "takes it out)"
+    )
+
+
+BOOT_NOTE_BYTES = 400  # as the boot writes it (torchwatch/hook/boot/sitecustomize.py)
+BOOT_FAILED_HINT = (
+    "the training's Python could not load torchwatch's hook from torchwatch's own directory: install torchwatch "
+    "where that Python can read it, or call torchwatch.hook.install() in the training"
+)
 BASE_REFUSED_HINT = (
     "set TORCHWATCH_DIR in the training's environment to a private directory of the training's user "
     "(e.g. $HOME/.cache/torchwatch), then start the training again"
@@ -339,7 +356,7 @@ class HookReader:
         """Whether a burst may be asked for now, and if not, why (one line)."""
         rec = self.record()
         if rec is None:
-            hint = f": {NO_HOOK_HINT}" if self.missing else ""
+            hint = f": {running_no_hook_hint(self.pid)}" if self.missing else ""
             return False, (self.reason or f"no hook in PID {self.pid}") + hint
         signum = rec.signal
         name = wire.signal_name(signum)
@@ -465,6 +482,8 @@ class HookSource(FocusedSource):
         interval: seconds between reads.
         rank_pids: returns every training process (rank) of the tree; their hooks are read too
             (one reading each per round). ``None``: the focus process only.
+        boot_note: the file where ``torchwatch run``'s boot writes why it could not load the hook
+            (``TORCHWATCH_BOOT_NOTE``); when it holds a line and no hook published, the status says it.
     """
 
     name = "hook"
@@ -474,8 +493,11 @@ class HookSource(FocusedSource):
         expected: bool,
         interval: float = 0.5,
         rank_pids: Callable[[], Sequence[int]] | None = None,
+        boot_note: Path | None = None,
     ) -> None:
         self.interval = interval
+        self._boot_note = boot_note
+        self._boot_said = ""
         self._rank_pids = rank_pids
         self._round = 0
         self.expected = expected
@@ -516,6 +538,8 @@ class HookSource(FocusedSource):
                     "training to a private directory of its user",
                     BASE_REFUSED_HINT,
                 )
+            elif self.expected and (said := self.boot_failure()):
+                self.status = SourceStatus.unavailable(f"the hook did not load: {said}", BOOT_FAILED_HINT)
             elif self.expected:
                 self.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
             else:
@@ -523,6 +547,24 @@ class HookSource(FocusedSource):
             return others
         self.status = SourceStatus.ok()
         return [reading, *others]
+
+    def boot_failure(self) -> str:
+        """The line the boot wrote when it could not load the hook (escaped, at most
+        :data:`BOOT_NOTE_BYTES`), ``""`` when none. Read without following a link; kept once read."""
+        if self._boot_said or self._boot_note is None:
+            return self._boot_said
+        try:
+            fd = os.open(self._boot_note, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return ""
+        try:
+            data = os.read(fd, BOOT_NOTE_BYTES)
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        self._boot_said = escape(" ".join(data.decode("utf-8", "replace").split()))
+        return self._boot_said
 
     def _other_ranks(self, focus: int, now: float) -> list[HookState]:
         """One reading of every other rank's hook (none of them sets the status)."""

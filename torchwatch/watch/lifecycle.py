@@ -478,10 +478,14 @@ def _procs(pids: Sequence[int]) -> list[psutil.Process]:
     return procs
 
 
-def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
+def hook_env(burst_at: tuple[int, ...] = (), boot_note: Path | None = None) -> dict[str, str]:
     """The environment that pre-loads the hook in a launched training (``boot/sitecustomize.py``).
 
-    ``TORCHWATCH_HOOK_PATH`` lets an interpreter without torchwatch installed still load it.
+    ``TORCHWATCH_HOOK_PATH`` is the directory holding this torchwatch package: the boot loads the
+    hook from there by path (:mod:`torchwatch.wire.bypath`), whatever ``torchwatch`` the training's
+    own environment holds, or none. ``boot_note``: a file (not yet there, in a directory of this
+    user) where the boot writes one line saying why the hook could not be loaded
+    (``TORCHWATCH_BOOT_NOTE``, read by :class:`torchwatch.sources.hook.HookSource`).
     """
     import torchwatch
     import torchwatch.hook
@@ -491,6 +495,9 @@ def hook_env(burst_at: tuple[int, ...] = ()) -> dict[str, str]:
     env["PYTHONPATH"] = boot + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["TORCHWATCH_HOOK"] = "1"
     env["TORCHWATCH_HOOK_PATH"] = str(Path(torchwatch.__file__).parent.parent)
+    env.pop("TORCHWATCH_BOOT_NOTE", None)
+    if boot_note is not None:
+        env["TORCHWATCH_BOOT_NOTE"] = str(boot_note)
     if burst_at:
         env["TORCHWATCH_BURST_AT"] = ",".join(str(s) for s in burst_at)
     return env

@@ -73,6 +73,8 @@ class SessionOptions:
         nvml: whether to read GPUs through NVML at all.
         trace_path: append every analysis (features, findings, verdict) to this file as JSON lines.
         hook_expected: the training was started with the hook pre-loaded (``torchwatch run``).
+        hook_boot_note: the file where the pre-loading boot says why the hook could not be loaded
+            (:func:`torchwatch.watch.lifecycle.hook_env`); ``None``: none.
         hang_after: seconds without a step that count as a hang (``--hang-after``); ``None``:
             ``max(30 s, 20 x p95 step)`` per process (:mod:`torchwatch.analysis.hang`).
         adaptive: drop to the steady cadence once the verdict settles
@@ -89,6 +91,7 @@ class SessionOptions:
     nvml: bool = True
     trace_path: Path | None = None
     hook_expected: bool = False
+    hook_boot_note: Path | None = None
     hang_after: float | None = None
     adaptive: bool = True
     kernel_log: bool = True
@@ -147,7 +150,7 @@ class Session:
         self.proc = ProcSource(self.tree)
         self.threads = ThreadStateSource(self.tree, interval=opts.thread_interval_s)
         self.pyspy = PySpySource(self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s)
-        self.hook = HookSource(expected=opts.hook_expected, rank_pids=self.tree.mains)
+        self.hook = HookSource(expected=opts.hook_expected, rank_pids=self.tree.mains, boot_note=opts.hook_boot_note)
         self.nvml = NvmlSource(self.tree.pids) if opts.nvml else None
         self.memory = MemorySource(self._memory_pids, kmsg=opts.kernel_log)
         self.memwatch = MemoryWatch(kernel_log=self.memory.reads_kernel_log)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from torchwatch import wire
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.trials import Outcome, Plan
-from torchwatch.sources.hook import NO_HOOK_HINT, HookReader
+from torchwatch.sources.hook import HookReader, running_no_hook_hint
 from torchwatch.watch.job import find_job
 
 __all__ = ["BLOCK_S", "STOP_WAIT_S", "check_assignment", "plan_trial", "readers_for", "run_trial"]
@@ -49,7 +49,7 @@ def readers_for(pid: int) -> list[HookReader]:
     hooked = [r for r in readers if r.record() is not None]
     if not hooked:
         reason = readers[0].reason or f"no hook in PID {pid}"
-        raise TorchwatchError(f"no trial: {reason}", NO_HOOK_HINT)
+        raise TorchwatchError(f"no trial: {reason}", running_no_hook_hint(pid))
     return hooked
 
 

@@ -50,7 +50,7 @@ through the reader's decoder before writing it, so it never publishes what torch
 
 from __future__ import annotations
 
-from torchwatch.wire import (
+from . import (
     base,
     burst,
     compile,
@@ -70,24 +70,24 @@ from torchwatch.wire import (
     signals,
     trial,
 )
-from torchwatch.wire.base import *
-from torchwatch.wire.burst import *
-from torchwatch.wire.compile import *
-from torchwatch.wire.counterfile import *
-from torchwatch.wire.counters import *
-from torchwatch.wire.cpus import *
-from torchwatch.wire.files import *
-from torchwatch.wire.gpu import *
-from torchwatch.wire.identity import *
-from torchwatch.wire.loader import *
-from torchwatch.wire.ranks import *
-from torchwatch.wire.records import *
-from torchwatch.wire.request import *
-from torchwatch.wire.roles import *
-from torchwatch.wire.roots import *
-from torchwatch.wire.settings import *
-from torchwatch.wire.signals import *
-from torchwatch.wire.trial import *
+from .base import *
+from .burst import *
+from .compile import *
+from .counterfile import *
+from .counters import *
+from .cpus import *
+from .files import *
+from .gpu import *
+from .identity import *
+from .loader import *
+from .ranks import *
+from .records import *
+from .request import *
+from .roles import *
+from .roots import *
+from .settings import *
+from .signals import *
+from .trial import *
 
 __all__ = [
     *base.__all__,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import _BIG, _TIME_MAX, _U63, NAME, TEXT, WireError, _Obj, _opt
-from torchwatch.wire.ranks import MAX_RANKS
-from torchwatch.wire.request import group_name_ok
+from .base import _BIG, _TIME_MAX, _U63, NAME, TEXT, WireError, _Obj, _opt
+from .ranks import MAX_RANKS
+from .request import group_name_ok
 
 __all__ = [
     "BURST_MODES",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import _TIME_MAX, _U63, NAME, TEXT, WireError, _number, _Obj
+from .base import _TIME_MAX, _U63, NAME, TEXT, WireError, _number, _Obj
 
 __all__ = [
     "COMPILE_CAUSES",

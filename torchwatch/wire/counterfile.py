@@ -11,8 +11,8 @@ import os
 import secrets
 from collections.abc import Collection
 
-from torchwatch.wire.base import WireError
-from torchwatch.wire.counters import (
+from .base import WireError
+from .counters import (
     COUNTERS_MAGIC,
     COUNTERS_SIZE,
     COUNTERS_VERSION,
@@ -29,8 +29,8 @@ from torchwatch.wire.counters import (
     CounterSnapshot,
     decode_counters,
 )
-from torchwatch.wire.files import COUNTERS_FILE, TEMP_PREFIX, open_checked
-from torchwatch.wire.identity import Instance
+from .files import COUNTERS_FILE, TEMP_PREFIX, open_checked
+from .identity import Instance
 
 __all__ = ["Counters", "read_counters"]
 

@@ -12,8 +12,8 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from torchwatch.wire.base import _TIME_MAX, _U63, WireError
-from torchwatch.wire.identity import Instance
+from .base import _TIME_MAX, _U63, WireError
+from .identity import Instance
 
 __all__ = [
     "COUNTERS_MAGIC",

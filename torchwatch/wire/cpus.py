@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchwatch.wire.base import _Obj
+from .base import _Obj
 
 __all__ = ["MAX_THREADS", "CpuQuota", "ThreadSettings", "cpu_quota", "read_throttling", "usable_cpus"]
 

@@ -35,8 +35,8 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchwatch.wire.base import WireError, clean_text
-from torchwatch.wire.identity import Instance, alive_here, proc_is_own_namespace
+from .base import WireError, clean_text
+from .identity import Instance, alive_here, proc_is_own_namespace
 
 __all__ = [
     "COUNTERS_FILE",

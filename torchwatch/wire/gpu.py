@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import _TIME_MAX, _U63, NAME, TEXT, _int_item, _Obj, _text_item
+from .base import _TIME_MAX, _U63, NAME, TEXT, _int_item, _Obj, _text_item
 
 __all__ = [
     "FLOAT32_PRECISIONS",

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from torchwatch.wire.base import _U63, PID_MAX, WireError
+from .base import _U63, PID_MAX, WireError
 
 __all__ = ["Instance", "alive_here", "proc_is_own_namespace", "self_instance", "stat_start"]
 

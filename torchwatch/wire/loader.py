@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import _TIME_MAX, _U63, NAME, _Obj
+from .base import _TIME_MAX, _U63, NAME, _Obj
 
 __all__ = ["LOADER_SETTINGS", "LoaderInfo"]
 

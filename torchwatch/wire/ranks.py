@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import NAME, WireError, _Obj, clean_text
-from torchwatch.wire.identity import Instance
+from .base import NAME, WireError, _Obj, clean_text
+from .identity import Instance
 
 __all__ = ["MAX_RANKS", "MAX_SPAWNED", "RANK_FIELDS", "RANK_SOURCES", "RankInfo"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import (
+from .base import (
     _TIME_MAX,
     _U63,
     PID_MAX,
@@ -27,15 +27,15 @@ from torchwatch.wire.base import (
     _type,
     clean_text,
 )
-from torchwatch.wire.burst import BurstState
-from torchwatch.wire.compile import CompileInfo
-from torchwatch.wire.counters import STEP_SOURCES
-from torchwatch.wire.cpus import ThreadSettings
-from torchwatch.wire.gpu import MAX_DEVICES, DeviceMemory, GpuSettings, OomRecord
-from torchwatch.wire.identity import Instance
-from torchwatch.wire.loader import LoaderInfo
-from torchwatch.wire.ranks import MAX_SPAWNED, RankInfo
-from torchwatch.wire.trial import TrialState
+from .burst import BurstState
+from .compile import CompileInfo
+from .counters import STEP_SOURCES
+from .cpus import ThreadSettings
+from .gpu import MAX_DEVICES, DeviceMemory, GpuSettings, OomRecord
+from .identity import Instance
+from .loader import LoaderInfo
+from .ranks import MAX_SPAWNED, RankInfo
+from .trial import TrialState
 
 __all__ = ["MAX_ERRORS", "MAX_LOADERS", "SCHEMA", "AmpInfo", "HookRecord"]
 

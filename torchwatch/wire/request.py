@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import _U63
+from .base import _U63
 
 __all__ = ["BurstRequest", "group_name_ok"]
 

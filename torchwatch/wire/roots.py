@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Collection
 
-from torchwatch.wire.files import _DIR_FLAGS, Unsafe, open_dir
+from .files import _DIR_FLAGS, Unsafe, open_dir
 
 __all__ = ["MAX_LINKS", "open_dir_in", "root_of", "sees_same", "stat_in", "walk_in"]
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import clean_text
+from .base import clean_text
 
 __all__ = [
     "ITERATOR",

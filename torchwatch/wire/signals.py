@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import signal
 
-from torchwatch.wire.base import WireError, clean_text
+from .base import WireError, clean_text
 
 __all__ = ["burst_signals", "parse_signal", "signal_allowed", "signal_name"]
 

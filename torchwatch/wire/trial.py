@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.wire.base import TEXT, WireError, _Obj
-from torchwatch.wire.settings import ITERATOR, NUMERICS, STEPS, VALUE_TEXT
+from .base import TEXT, WireError, _Obj
+from .settings import ITERATOR, NUMERICS, STEPS, VALUE_TEXT
 
 __all__ = [
     "MAX_BLOCKS",
