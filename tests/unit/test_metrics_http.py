@@ -147,7 +147,8 @@ def test_a_reader_that_never_reads_its_answer_holds_no_place_of_a_scrape(server:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             stuck.append(s)
-        deadline = time.monotonic() + 5  # every request read (a loaded machine takes a while)
+        deadline = time.monotonic() + 60  # every request read: a deadline, not a latency (under -n 2 beside
+        # the hook tests the 18 reads took over 5 s)
         while server.server.busy < 18 and time.monotonic() < deadline:
             time.sleep(0.05)
         status, body = _get(server.port, "127.0.0.2")  # the scraper: another address
