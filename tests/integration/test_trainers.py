@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.conftest import REPO, torchwatch
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # reads run-queue waits (CPU time): no other test beside it
 
 SCENARIO = REPO / "tests" / "scenarios" / "hogwild_spawn.py"
 
