@@ -40,41 +40,6 @@ while time.monotonic() < end:
 """
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (f"12:memory:/docker/{CID}\n0::/\n", (CID, "")),  # docker, cgroupfs v1
-        (f"0::/system.slice/docker-{CID}.scope\n", (CID, "")),  # docker, systemd v2
-        (f"0::/../libpod-{CID}.scope/container\n", (CID, "")),  # podman, a cgroup namespace's view
-        (f"4:memory:/kubepods/burstable/pod{POD}/{CID}\n", (CID, POD)),  # kubelet, cgroupfs
-        (
-            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"
-            f"{POD.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
-            (CID, POD),
-        ),  # kubelet, systemd driver: the pod UID's dashes are underscores
-        ("0::/user.slice/user-1000.slice/session-3.scope\n4:memory:/\n", ("", "")),  # the host
-        (f"0::/docker/{CID[:63]}\n", ("", "")),  # not a 64-hex ID
-    ],
-)
-def test_container_and_pod_ids_from_the_cgroup_path(text: str, expected: tuple[str, str]) -> None:
-    assert container.parse_cgroup(text) == expected
-
-
-def test_pod_name_and_namespace_only_when_valid_kubernetes_names() -> None:
-    raw = b"PATH=/bin\0POD_NAME=trainer-0\0POD_NAMESPACE=ml-team\0OTHER=x\0"
-    assert container.parse_environ(raw) == {"POD_NAME": "trainer-0", "POD_NAMESPACE": "ml-team"}
-    assert container.parse_environ(b"POD_NAME=Bad Name\nx\0POD_NAMESPACE=\0") == {}
-
-
-def test_identity_of_this_process_reads_its_files(tmp_path: Path) -> None:
-    proc = tmp_path / "proc" / "77"
-    proc.mkdir(parents=True)
-    (proc / "cgroup").write_text(f"0::/kubepods/pod{POD}/{CID}\n")
-    (proc / "environ").write_bytes(b"POD_NAME=p\0POD_NAMESPACE=n\0")
-    assert container.identity(77, proc=str(tmp_path / "proc")) == container.ContainerIdentity(CID, POD, "p", "n")
-    assert container.identity(78, proc=str(tmp_path / "proc")) == container.ContainerIdentity()
-
-
 def test_pyspy_thread_ids_from_inside_are_translated_and_unknown_ones_dropped() -> None:
     raw = (
         "thread (1): MainThread;<module> (train.py:6) 39\n"

@@ -28,6 +28,8 @@ POD = "1b4c6d2e-9f2e-4a1b-8c3d-5e6f7a8b9c0d"
         ),
         (f"0::/system.slice/docker-{CID}.scope\n", (CID[:12], "")),  # docker
         (f"0::/machine.slice/libpod-{CID}.scope/container\n", (CID[:12], "")),  # podman
+        (f"0::/../libpod-{CID}.scope/container\n", (CID[:12], "")),  # podman, a cgroup namespace's view
+        (f"12:memory:/docker/{CID}\n0::/\n", (CID[:12], "")),  # docker, cgroupfs v1 beside an empty v2 line
         ("0::/user.slice/user-1000.slice/session-3.scope\n", ("", "")),  # a login session
         ("0::/\n", ("", "")),
         ("", ("", "")),

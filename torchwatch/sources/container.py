@@ -9,28 +9,16 @@ kernel's own record of both: ``NSpid:`` in ``/proc/PID/task/TID/status`` lists a
 each PID namespace it is in, outermost (ours, when we see it at all) first, innermost last
 (proc(5)). An ID that cannot be translated is never taken for a host ID.
 
-:func:`identity` reads which container a process is in (the container ID and pod UID from its
-cgroup path, the pod's name and namespace from the downward-API environment), for exporters.
+Which container a process is in (its container ID and pod UID, from its cgroup path) is read by
+:mod:`torchwatch.sources.origin`, for the exporter's labels.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-__all__ = [
-    "ContainerIdentity",
-    "host_pids",
-    "identity",
-    "inner_pid",
-    "ns_ids",
-    "parse_cgroup",
-    "parse_environ",
-    "same_namespace",
-    "thread_map",
-]
+__all__ = ["host_pids", "inner_pid", "ns_ids", "same_namespace", "thread_map"]
 
 
 def ns_ids(pid: int, tid: int | None = None, proc: str = "/proc") -> tuple[int, ...]:
@@ -118,83 +106,3 @@ def same_namespace(pid: int, kind: str = "pid", proc: str = "/proc") -> bool | N
         return os.stat(f"{proc}/{pid}/ns/{kind}").st_ino == os.stat(f"{proc}/self/ns/{kind}").st_ino
     except OSError:
         return None
-
-
-@dataclass(frozen=True)
-class ContainerIdentity:
-    """Which container a process runs in; every field ``""`` when unknown (a process on the host).
-
-    Attributes:
-        container_id: the 64-hex ID the runtime gave the container (Docker, containerd, CRI-O,
-            podman), from the cgroup path.
-        pod_uid: the Kubernetes pod's UID, from the cgroup path (``pod<uid>``, ``_`` in the systemd
-            driver's names turned back into ``-``).
-        pod_name, pod_namespace: from ``POD_NAME`` / ``POD_NAMESPACE`` in the process's environment
-            (the downward API sets them only when the pod spec asks for them; the cgroup path has
-            neither).
-    """
-
-    container_id: str = ""
-    pod_uid: str = ""
-    pod_name: str = ""
-    pod_namespace: str = ""
-
-
-_CID = re.compile(r"(?:^|[/\-:])(?:docker-|cri-containerd-|crio-|libpod-)?([0-9a-f]{64})(?:\.scope)?(?=$|/)")
-_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain (RFC 1123), as the API checks
-POD_ENV = ("POD_NAME", "POD_NAMESPACE")
-
-
-def parse_cgroup(text: str) -> tuple[str, str]:
-    """``(container_id, pod_uid)`` from the text of ``/proc/PID/cgroup`` (v1 or v2, cgroupfs or
-    systemd names); ``""`` for what it does not hold. The innermost ID of a path wins (a
-    container's ID comes after its pod's)."""
-    cid = pod = ""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        for part in reversed(path.split("/")):
-            m = _CID.search(part)
-            if m and not cid:
-                cid = m.group(1)
-            p = _POD.search(part)
-            if p and not pod:
-                pod = p.group(1).replace("_", "-")
-        if cid and pod:
-            break
-    return cid, pod
-
-
-def parse_environ(raw: bytes) -> dict[str, str]:
-    """``POD_NAME`` and ``POD_NAMESPACE`` from a ``/proc/PID/environ`` blob (NUL-separated),
-    kept only when they are valid Kubernetes names (the text is the target's: anything else
-    is dropped, not escaped)."""
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        name = key.decode(errors="replace")
-        if sep and name in POD_ENV:
-            text = value.decode(errors="replace")
-            if _K8S_NAME.match(text):
-                out[name] = text
-    return out
-
-
-def identity(pid: int, proc: str = "/proc", environ: Mapping[str, str] | None = None) -> ContainerIdentity:
-    """The container process ``pid`` runs in (see :class:`ContainerIdentity`); never raises
-    (an unreadable file leaves its fields empty). ``environ``: the process's environment when
-    already read (else ``/proc/PID/environ``, 1 MiB at most)."""
-    try:
-        with open(f"{proc}/{pid}/cgroup", errors="replace") as f:
-            cid, pod = parse_cgroup(f.read(1 << 16))
-    except OSError:
-        cid = pod = ""
-    if environ is None:
-        try:
-            with open(f"{proc}/{pid}/environ", "rb") as fb:
-                env = parse_environ(fb.read(1 << 20))
-        except OSError:
-            env = {}
-    else:
-        env = parse_environ(b"\0".join(f"{k}={v}".encode() for k, v in environ.items() if k in POD_ENV))
-    return ContainerIdentity(cid, pod, env.get("POD_NAME", ""), env.get("POD_NAMESPACE", ""))

@@ -31,8 +31,9 @@ SHORT_ID = 12  # container ids as docker and crictl show them (Origin.container_
 def parse_cgroup(text: str) -> tuple[str, str]:
     """``(container id, pod UID)`` of the contents of ``/proc/PID/cgroup`` (v1 or v2).
 
-    The v2 line (``0::PATH``) is read when there is one, else every v1 line; in each, the last
-    container id and the last pod UID of the path win (a nested cgroup names the innermost).
+    The v2 line (``0::PATH``) is read first, then every v1 line (a hybrid host's v2 line can be a
+    bare ``0::/`` while its v1 hierarchies name the container); in the first path that names
+    either, the last container id and the last pod UID win (a nested cgroup names the innermost).
 
     Returns:
         The container id shortened to :data:`SHORT_ID` hex digits and the pod UID with dashes;
@@ -41,7 +42,7 @@ def parse_cgroup(text: str) -> tuple[str, str]:
     lines = [ln for ln in text.splitlines() if ln.count(":") >= 2]
     v2 = [ln for ln in lines if ln.startswith("0::")]
     container = pod = ""
-    for line in v2 or lines:
+    for line in v2 + [ln for ln in lines if not ln.startswith("0::")]:
         path = line.split(":", 2)[2]
         ids = _CONTAINER.findall(path)
         pods = _POD.findall(path)
