@@ -21,6 +21,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -156,6 +157,25 @@ def _end(proc: subprocess.Popen[str]) -> None:
     psutil.wait_procs(inside, timeout=10)
 
 
+def own_tmp_commands(old: str, keep: Sequence[str]) -> list[str]:
+    """Shell commands (run inside a new mount namespace, as root) that give it a ``/tmp`` of its own
+    (a tmpfs) in which only the paths of ``keep`` that lie under ``/tmp`` are still seen, at the
+    same place: the interpreter's environment and the checkout the pod runs from, as an image
+    carries them (CI makes its venv and clones the checkout under ``/tmp``: without them the pod's
+    ``python`` is not found). ``old``: an empty directory outside ``/tmp`` where the old ``/tmp``
+    is bound while the paths are bound back (unmounted after)."""
+    o = shlex.quote(old)
+    out = [f"mount --bind /tmp {o}", "mount -t tmpfs -o mode=1777,size=64m torchwatch-pod-tmp /tmp"]
+    tops = sorted({Path(os.path.abspath(k)) for k in keep if os.path.abspath(k).startswith("/tmp/")})
+    for top in tops:
+        if any(other != top and top.is_relative_to(other) for other in tops):
+            continue
+        rel = shlex.quote(str(top.relative_to("/tmp")))
+        out += [f"mkdir -p /tmp/{rel}", f"mount --bind {o}/{rel} /tmp/{rel}"]
+    out.append(f"umount {o}")
+    return out
+
+
 @contextlib.contextmanager
 def pod(
     argv: Sequence[str],
@@ -188,8 +208,10 @@ def pod(
         # outside /tmp (which own_tmp covers), on the root filesystem the pod's root is bound from
         root = Path(tempfile.mkdtemp(prefix="torchwatch-pod-", dir="/var/tmp"))
     setup = ["set -e"]
+    old_tmp: Path | None = None
     if own_tmp:
-        setup.append("mount -t tmpfs -o mode=1777,size=64m torchwatch-pod-tmp /tmp")
+        old_tmp = Path(tempfile.mkdtemp(prefix="torchwatch-pod-oldtmp-", dir="/var/tmp"))
+        setup += own_tmp_commands(str(old_tmp), keep=(sys.prefix, str(REPO), str(cwd)))
         setup.append("mount -t tmpfs -o mode=1777,size=64m torchwatch-pod-shm /dev/shm")  # as docker's own
     run = shlex.join(argv)
     if root is not None:
@@ -224,8 +246,9 @@ def pod(
         yield Pod(proc, root, limits)
     finally:
         _end(proc)
-        if root is not None:
-            with contextlib.suppress(OSError):
-                root.rmdir()  # the bind mount went with the pod's mount namespace
+        for made in (root, old_tmp):
+            if made is not None:
+                with contextlib.suppress(OSError):
+                    made.rmdir()  # the bind mount went with the pod's mount namespace
         if limits is not None:
             limits.remove()

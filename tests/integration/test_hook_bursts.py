@@ -52,6 +52,8 @@ def _hooked_pid(root: int, min_steps: int, timeout: float = 60.0) -> int:
     raise AssertionError(f"no hooked process with {min_steps} steps below {root}")
 
 
+@pytest.mark.quiet  # the trace's categories against the hook's step time: a thread kept off the CPU by
+# other tests' load spends time the trace's spans do not cover (2300 vs 3019 ms in a CI run beside them)
 def test_burst_on_the_dataloader_demo_agrees_with_the_always_on_measurements(tmp_path: Path) -> None:
     # The demo outlasts the burst on any machine (on a loaded 2-core machine torch's import, the
     # first 5 steps and the burst's 3 steps took longer than its default 30 s); the watch is ended

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.containers import own_tmp_commands
 from tests.integration.conftest import REPO
 from torchwatch.inject.injector import Injector, Payload, inject
 
@@ -255,15 +256,23 @@ def test_another_mount_namespace_is_injected_into_through_its_root(scripts: Path
         assert outcome.ok, outcome.reason
         found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
         assert "as torchwatch does" in found["mount-namespace"], found
-    own = (  # the script (in /tmp) is opened before its own /tmp hides it
-        f"exec 3< {shlex.quote(str(scripts / 'loop.py'))} && mount -t tmpfs tmpfs /tmp && "
-        f"mount -t tmpfs tmpfs /dev/shm && exec {shlex.quote(sys.executable)} /dev/fd/3 60"
+    old = tempfile.mkdtemp(prefix="torchwatch-oldtmp-", dir="/var/tmp")
+    own = " && ".join(  # the script (in /tmp) is opened before its own /tmp hides it; the venv and
+        # the checkout stay seen where CI puts them under /tmp (tests/containers.py)
+        [
+            f"exec 3< {shlex.quote(str(scripts / 'loop.py'))}",
+            *own_tmp_commands(old, keep=(sys.prefix, str(REPO))),
+            f"mount -t tmpfs tmpfs /dev/shm && exec {shlex.quote(sys.executable)} /dev/fd/3 60",
+        ]
     )
-    with running(["unshare", "--mount", "sh", "-c", own]) as target:
-        outcome = inject(target.pid)
-        assert outcome.ok, outcome.reason
-        found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
-        assert f"placed there through /proc/{target.pid}/root" in found["mount-namespace"], found
+    try:
+        with running(["unshare", "--mount", "sh", "-c", own]) as target:
+            outcome = inject(target.pid)
+            assert outcome.ok, outcome.reason
+            found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
+            assert f"placed there through /proc/{target.pid}/root" in found["mount-namespace"], found
+    finally:
+        os.rmdir(old)
 
 
 def test_another_pid_namespace_works_and_the_target_sees_its_own_pid(scripts: Path) -> None:

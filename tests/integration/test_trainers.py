@@ -52,6 +52,8 @@ def test_spawned_hogwild_trainers_are_named_trainers_not_dataloader_workers(tmp_
         f = report["features"]
         assert report["verdict"]["label"] != "dataloader-bound", report["verdict"]
         assert (f["worker_count"], f["trainer_count"], f["local_ranks"]) == (0, 4, 4), f
+        rules = [x["rule"] for x in report["findings"]]
+        assert "cpu-oversubscribed-trainers" in rules, (report["verdict"], rules, f)
         trainers = next(x for x in report["findings"] if x["rule"] == "cpu-oversubscribed-trainers")
         assert trainers["summary"].startswith("4 trainer processes"), trainers["summary"]
         assert any("torch.set_num_threads(1)" in fx["detail"] for fx in trainers["fixes"]), trainers["fixes"]

@@ -73,6 +73,15 @@ def test_the_first_step_with_the_hook_is_the_hooks() -> None:
     )
 
 
+def test_trainers_seen_stepping_are_the_loop_whatever_the_main_processs_hook_says() -> None:
+    """A Hogwild main process has the hook and never steps (its trainers do, without it): before,
+    the verdict waited for its first step for good (tests/integration/test_trainers.py)."""
+    setup = window(chunk((SETUP, 60)))
+    assert waiting_for(setup, PID, {"loop_started": 0.0, "trainer_count": 4.0}) is None
+    assert waiting_for(setup, PID, {"loop_started": None, "trainer_count": 2.0}, hook_pending=True) is None
+    assert waiting_for(setup, PID, {"loop_started": 0.0, "trainer_count": 0.0}) is not None  # none: the hook's
+
+
 def test_the_first_step_without_the_hook_is_the_end_of_the_imports() -> None:
     no_hook: dict[str, float | None] = {"loop_started": None}
     assert waiting_for(window(chunk((IMPORT_TORCH, 60))), PID, no_hook) == "importing torch"

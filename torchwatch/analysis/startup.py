@@ -9,6 +9,8 @@ before the first step (:class:`~torchwatch.analysis.diagnosis.Diagnoser` keeps t
 
 The first step:
 
+- trainers (children that run the steps themselves, Hogwild-style: ``trainer_count``) are the
+  loop, whatever the hook says of a main process that only joins them;
 - with the hook (``torchwatch run``, or ``attach`` once injected): the hook's first step, batch or
   batch being fetched (the feature ``loop_started``); while the hook was pre-loaded but has not
   published yet (torch not imported: the caller says ``hook_pending``) the training is starting;
@@ -130,10 +132,16 @@ def waiting_for(
     Args:
         window: readings of the last few seconds.
         main_pid: the diagnosed training process.
-        features: its features (``loop_started`` from the hook).
+        features: its features (``loop_started`` from the hook; ``trainer_count``: trainers seen
+            stepping, which is the loop).
         hook_pending: the hook was pre-loaded and has published nothing yet (torch not imported).
         stacks_pending: py-spy has read no chunk yet (it is starting, not unavailable).
     """
+    if (features.get("trainer_count") or 0) > 0:
+        # trainers (Hogwild-style children: analysis/roles.py) are named so from forward, backward
+        # or optimizer frames in their own stacks: the loop runs, in processes the hook is not in
+        # (a main process that only joins them never steps, and would wait here for good)
+        return None
     started = features.get("loop_started")
     if started is not None:
         return None if started > 0 else doing(window, main_pid)
