@@ -118,7 +118,7 @@ def test_tui_in_tmux_shows_the_verdict_and_q_stops_everything(tmp_path: Path) ->
         asked = tmux.wait_for(lambda s: "still running" in s, 10.0, collect)
         assert "y: stop the training" in asked, asked
         tmux("send-keys", "-t", "tw", "y")
-        tmux.wait_for(lambda s: "TW_EXIT=" in s, 40.0)
+        tmux.wait_for(lambda s: "TW_EXIT=" in s, 90.0)  # a deadline: SIGINT, SIGTERM graces and the report
         done = tmux.history()
         assert "TW_EXIT=0" in done, done  # a stop torchwatch was asked for is no failure
         assert "-> dataloader-bound" in done, done  # the final report, printed after the app
