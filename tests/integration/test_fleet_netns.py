@@ -43,7 +43,7 @@ import pytest
 from tests.integration.conftest import REPO
 from torchwatch.watch.lifecycle import hook_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stress]
 
 SUBNET = "169.254.42"  # link-local (RFC 3927): on the test's own veth pair, never routed anywhere
 NODES = ("tw-node1", "tw-node2")

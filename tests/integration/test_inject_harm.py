@@ -33,7 +33,7 @@ from torchwatch.cli.injecting import detach_hook, inject_hook
 from torchwatch.inject.injector import Injector
 
 # one xdist worker runs the module: the clean run is made once per worker
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("inject_harm")]
+pytestmark = [pytest.mark.integration, pytest.mark.stress, pytest.mark.xdist_group("inject_harm")]
 
 TARGET = REPO / "tests" / "integration" / "_harm_target.py"
 CYCLES = int(os.environ.get("INJECT_STRESS_CYCLES", "10"))

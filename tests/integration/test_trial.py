@@ -135,6 +135,7 @@ def test_a_trial_on_a_run_training_is_measured_put_back_and_reported_and_a_stop_
     assert trials["gc_threshold"]["state"] == "stopped"
 
 
+@pytest.mark.stress
 def test_fifty_trials_in_a_row_put_every_value_back_change_no_loss_and_leak_nothing(tmp_path: Path) -> None:
     losses, settings = tmp_path / "loss-trials.txt", tmp_path / "settings.jsonl"
     args = ["--hidden", "128", "--batches", "1000", "--seed", "3"]

@@ -379,6 +379,7 @@ def test_a_process_without_steps_gets_a_time_window_burst(tmp_path: Path) -> Non
     assert last["mode"] == "window" and last.get("error") is None and last["events"] > 0
 
 
+@pytest.mark.stress
 def test_twenty_bursts_in_a_row_keep_rss_bounded(tmp_path: Path) -> None:
     rss = run_script("bursts20", tmp_path)["rss"]
     assert len(rss) == 20 and all(r[2] is None for r in rss)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,3 +380,36 @@ def test_no_user_facing_text_points_outside_the_repository() -> None:
 def test_no_merge_conflict_is_left_in_the_readme_or_the_docs() -> None:
     marked = [p.name for p in [README, *_pages()] if re.search(r"^(<{7}|={7}|>{7})( |$)", p.read_text(), re.M)]
     assert not marked
+
+
+# -- the tiers ------------------------------------------------------------------------------------------
+STRESS_TESTS = {  # what the second tier holds (docs/development.md#tiers)
+    "tests/integration/test_trial.py::test_fifty_trials_in_a_row_put_every_value_back_change_no_loss_and_leak_nothing",
+    "tests/unit/test_hook.py::test_twenty_bursts_in_a_row_keep_rss_bounded",
+    "tests/integration/test_fleet_netns.py::test_straggler_and_hang_of_a_two_node_job_named_by_prometheus",
+}
+
+
+def _collected(*args: str) -> set[str]:
+    files = sorted({t.split("::")[0] for t in STRESS_TESTS} | {"tests/integration/test_inject_harm.py"})
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *args, *files],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode in (0, 5), run.stdout[-2000:] + run.stderr[-2000:]  # 5: nothing collected
+    return {line.strip() for line in run.stdout.splitlines() if "::" in line}
+
+
+def test_the_readme_command_leaves_the_stress_tier_to_ci_which_runs_it() -> None:
+    default = _collected()
+    stress = _collected("-m", "stress")
+    assert stress >= STRESS_TESTS, STRESS_TESTS - stress
+    assert any(t.startswith("tests/integration/test_inject_harm.py::") for t in stress)
+    assert not (stress & default), stress & default  # the README's command does not run them
+    assert default, "the files' other tests still run in the first tier"
+    ci = [line.strip() for line in CI_RUN.read_text().splitlines() if not line.lstrip().startswith("#")]
+    assert "python -m pytest -q -p no:cacheprovider -m stress" in ci
+    assert ci.index("python -m pytest -q -p no:cacheprovider -m stress") > ci.index(_ci_line())
