@@ -50,7 +50,8 @@ __all__ = [
 @dataclass(frozen=True)
 class FeatureSpec:
     """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
-    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``, ``TFLOP/s``), source (``py-spy``, ``proc``, ``psutil``, ``psi``,
+    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``, ``TFLOP/s``, ``number``: a plain number),
+    source (``py-spy``, ``proc``, ``psutil``, ``psi``,
     ``diskstats``, ``vmstat``, ``nvml``, ``gpm``, ``hook``, ``burst``, joined by ``+``) and what it
     measures (one line)."""
 
