@@ -4,17 +4,28 @@ which never lets them change the verdict."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable
 
 import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from torchwatch.analysis import progress
 from torchwatch.analysis.diagnosis import Diagnoser
 from torchwatch.analysis.features import CATALOGUE, Features
 from torchwatch.analysis.rules_engine import load_rules
-from torchwatch.model.readings import HookState
+from torchwatch.analysis.store import Store
+from torchwatch.faces import report
+from torchwatch.faces.headless import status_line
+from torchwatch.faces.prometheus import ObservationCollector
+from torchwatch.model.observation import Observation, TargetView
+from torchwatch.model.readings import HookState, SourceStatus
+from torchwatch.model.report import Report
+from torchwatch.watch.observe import Tick, Trends, observe
 from torchwatch.wire import LOSS_HISTORY, HookRecord, Instance, LossSample, ProgressInfo
 
 RULES = {r.id: r for r in load_rules()}
@@ -167,3 +178,71 @@ def test_stalled_is_not_said_before_two_minutes_of_loss() -> None:
 def test_without_a_loss_every_health_rule_is_not_applicable() -> None:
     found, not_applicable, _ = health(readings(130, None))
     assert found == set() and not_applicable == set(HEALTH)
+
+
+# -- the faces ------------------------------------------------------------------------------------
+
+
+def _observed(reads: list[HookState]) -> Observation:
+    """The session's Observation of ``reads`` (training PID 4242), with its analysis."""
+    store = Store()
+    store.add(reads)
+    end = reads[-1].t
+    d = Diagnoser(list(RULES.values()), why_missing=lambda name: "not read")
+    d.evaluate(feats(reads), end - 11.0)
+    tick = Tick(
+        now=end,
+        end=end,
+        started=0.0,
+        window_s=10.0,
+        analysis=d.evaluate(feats(reads), end),
+        statuses=(("hook", SourceStatus.ok()),),
+        focus_pid=PID,
+        target=TargetView(PID, ("python", "train.py")),
+    )
+    return observe(store, tick, Trends())
+
+
+def test_the_report_status_line_and_metrics_show_progress_and_loss() -> None:
+    obs = _observed(readings(25, lambda step, t: math.nan if step >= 200 else 1.0))
+    data = report.build(obs, watched_s=25.0).to_json()
+    p = data["progress"]
+    assert (p["epoch"], p["batch"], p["epoch_len"], p["loss"], p["nonfinite_step"]) == (3, 51, 100, None, 201)
+    assert p["eta_s"] == pytest.approx(4.9, rel=0.1)
+    back = Report.from_json(json.loads(json.dumps(data)))
+    assert back.progress is not None and back.progress.nonfinite_step == 201
+    text = report.render_text(back)
+    assert "progress: epoch 3 · 51/100" in text and "loss not finite since step 201" in text
+    assert "loss-not-finite" in text
+    line = status_line(obs, 25.0)
+    assert "epoch 3 · 51/100" in line and "health: loss-not-finite" in line
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ObservationCollector(lambda: [obs], "node1"))
+    got = {
+        s.name: s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert got["torchwatch_epoch"] == 3 and math.isnan(got["torchwatch_loss"])
+    assert got["torchwatch_eta_seconds"] == pytest.approx(4.9, rel=0.1)
+
+
+def test_a_report_without_progress_has_no_key_and_loads() -> None:
+    obs = _observed(readings(5, None))
+    assert obs.focus.progress is not None and obs.focus.progress.loss is None  # no loss, an epoch
+    tick_less = report.build(_observed_without_hook(), watched_s=5.0).to_json()
+    assert "progress" not in tick_less and Report.from_json(tick_less).progress is None
+
+
+def _observed_without_hook() -> Observation:
+    tick = Tick(
+        now=5.0,
+        end=5.0,
+        started=0.0,
+        window_s=10.0,
+        analysis=None,
+        statuses=(),
+        focus_pid=PID,
+        target=TargetView(PID, ("python",)),
+    )
+    return observe(Store(), tick, Trends())

@@ -516,11 +516,13 @@ class Hook:
                     counters = None
             try:
                 batch = orig_next(it)
-            except BaseException:
+            except BaseException as exc:
                 # StopIteration at the end of an epoch (or an error): no longer in __next__
                 if counters is not None:
                     with contextlib.suppress(Exception):
                         counters.next_aborted()
+                if isinstance(exc, StopIteration):
+                    hook.epoch_ended()
                 raise
             hook.on_batch(it, t0, time.monotonic(), batch)
             return batch
@@ -790,6 +792,12 @@ class Hook:
             self.loader_record(loader).epochs.started(loader)
         except Exception as exc:
             self.error(f"DataLoader epoch: {exc!r}")
+
+    def epoch_ended(self) -> None:
+        """A DataLoader iterator is exhausted: publish the epoch's end (once an epoch; the
+        training may stop here, before the next once-a-second rewrite). Never raises."""
+        with contextlib.suppress(Exception):
+            self._publish_progress()
 
     def progress(self) -> wire.ProgressInfo | None:
         """The epoch of the busiest DataLoader and the loss readings (``hook.json``'s ``progress``)."""

@@ -65,6 +65,8 @@ class ProgressView:
 
     def loss_words(self) -> str:
         """``loss 0.412 at step 812, -0.031/min`` (or why there is none)."""
+        if self.loss is None and self.nonfinite_step is not None:  # a report: NaN is written as null
+            return f"loss not finite since step {self.nonfinite_step} (last finite at step {self.last_finite_step})"
         if self.loss is None:
             return f"no loss: {self.loss_note}" if self.loss_note else "no loss read yet"
         text = f"loss {fmt_loss(self.loss)} at step {self.loss_step}"
