@@ -8,7 +8,9 @@ import json
 import math
 import random
 from collections.abc import Callable
+from pathlib import Path
 
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -209,6 +211,8 @@ def test_the_report_status_line_and_metrics_show_progress_and_loss() -> None:
     p = data["progress"]
     assert (p["epoch"], p["batch"], p["epoch_len"], p["loss"], p["nonfinite_step"]) == (3, 51, 100, None, 201)
     assert p["eta_s"] == pytest.approx(4.9, rel=0.1)
+    schema = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(data, allow_nan=False)), schema)
     back = Report.from_json(json.loads(json.dumps(data)))
     assert back.progress is not None and back.progress.nonfinite_step == 201
     text = report.render_text(back)

@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from torchwatch.model.forecast import theil_sen
-from torchwatch.model.progress import ProgressView
+from torchwatch.model.progress import ProgressView, fmt_loss
 from torchwatch.model.readings import HookState
 from torchwatch.wire import LossSample, ProgressInfo
 
@@ -39,6 +39,7 @@ __all__ = [
     "STALL_WINDOW_S",
     "features",
     "progress",
+    "progress_words",
 ]
 
 KEEP_S = 300.0  # minutes of readings read (the store keeps 300 s)
@@ -239,3 +240,15 @@ def _spike(samples: Sequence[LossSample], now: float) -> Mapping[str, float | No
     if median > 0:
         out["loss_spike_ratio"] = peak.value / median
     return out
+
+
+def progress_words(info: ProgressInfo) -> str:
+    """One hook record's progress in words, for the hang record: ``epoch 3, batch 27/100, loss
+    0.412 at step 227`` (what of it is known; ``""`` when nothing is)."""
+    parts = []
+    if info.epoch is not None:
+        parts.append(f"epoch {info.epoch}, batch {info.batch}" + (f"/{info.epoch_len}" if info.epoch_len else ""))
+    if info.loss:
+        last = info.loss[-1]
+        parts.append(f"loss {fmt_loss(last.value)} at step {last.step}")
+    return ", ".join(parts)

@@ -424,6 +424,7 @@ class HangRecord:
     dump_s: float
     dumps: tuple[DumpCount, ...]
     number: int
+    progress: str = ""
 
     @classmethod
     def of(cls, view: HangView) -> HangRecord:
@@ -448,6 +449,7 @@ class HangRecord:
                 for d in view.dumps
             ),
             number=view.number,
+            progress=view.progress,
         )
 
 
