@@ -36,7 +36,8 @@ class LossWatch:
 
     Attributes:
         due: monotonic s at which the next reading may be taken (the wrapper's only check).
-        samples: the last :data:`wire.LOSS_HISTORY` readings, oldest first.
+        samples: the last :data:`wire.LOSS_HISTORY` readings as ``(step, t, value)``, oldest
+            first (made into :class:`wire.LossSample` only when published: cheaper per reading).
         first_nonfinite: the first NaN/±inf reading.
         note: why there is no loss ("" while there is one, or before the first backward).
         changed: a reading or the note came since :meth:`taken`.
@@ -44,8 +45,8 @@ class LossWatch:
 
     def __init__(self) -> None:
         self.due = 0.0
-        self.samples: deque[wire.LossSample] = deque(maxlen=wire.LOSS_HISTORY)
-        self.first_nonfinite: wire.LossSample | None = None
+        self.samples: deque[tuple[int, float, float]] = deque(maxlen=wire.LOSS_HISTORY)
+        self.first_nonfinite: tuple[int, float, float] | None = None
         self.note = ""
         self.changed = False
         self._pending: tuple[Any, Any, int, float] | None = None  # (pinned scalar, event, step, t)
@@ -71,11 +72,10 @@ class LossWatch:
         n = tensors.numel()
         if n != 1:
             return self._say(NOT_SCALAR.format(n=n)) or first_bad
-        device = tensors.device.type
-        if device == "cpu":
-            return self._add(step, t, float(tensors.detach().item())) or first_bad
-        if device != "cuda":
-            return self._say(OTHER_DEVICE.format(device=device)) or first_bad
+        if tensors.is_cpu:
+            return self._add(step, t, tensors.detach().item()) or first_bad
+        if not tensors.is_cuda:
+            return self._say(OTHER_DEVICE.format(device=tensors.device.type)) or first_bad
         if self._pending is None:
             if self._pinned is None:
                 self._pinned = torch.empty((), dtype=torch.float64, pin_memory=True)
@@ -101,9 +101,10 @@ class LossWatch:
     def _add(self, step: int, t: float, value: float) -> bool:
         if self.note:
             self.note = ""
+        value = float(value)
         if math.isfinite(value) and abs(value) > wire.LOSS_MAX:
             value = math.copysign(math.inf, value)
-        sample = wire.LossSample(step, round(t, 6), value)
+        sample = (step, t, value)
         self.samples.append(sample)
         self.changed = True
         if not math.isfinite(value) and self.first_nonfinite is None:
@@ -144,11 +145,12 @@ def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressIn
     """The record ``hook.json`` carries (``None`` before an epoch or a loss reading)."""
     if (epochs is None or not epochs.epoch) and not loss.samples and not loss.note:
         return None
+    bad = loss.first_nonfinite
     return wire.ProgressInfo(
         epoch=epochs.epoch if epochs is not None and epochs.epoch else None,
         batch=epochs.batch if epochs is not None else 0,
         epoch_len=epochs.length if epochs is not None else None,
-        loss=tuple(loss.samples),
-        first_nonfinite=loss.first_nonfinite,
+        loss=tuple(wire.LossSample(s, round(t, 6), v) for s, t, v in loss.samples),
+        first_nonfinite=None if bad is None else wire.LossSample(bad[0], round(bad[1], 6), bad[2]),
         loss_note=loss.note,
     )
