@@ -3,18 +3,20 @@ and the ``progress`` section of ``hook.json`` on the wire."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from torchwatch import wire
-from torchwatch.hook.progress import GRADIENT, NOT_SCALAR, SEVERAL
+from torchwatch.hook.progress import GRADIENT, NOT_SCALAR, OTHER_DEVICE, SEVERAL, LossWatch
 
 SCRIPT = Path(__file__).with_name("_progress_script.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -101,3 +103,90 @@ def test_progress_round_trips_and_old_records_decode() -> None:
 def test_a_bad_progress_section_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(wire.WireError):
         wire.ProgressInfo.decode(bad, "hook.json.progress")
+
+
+class _FakeCuda:
+    """The few ``torch.cuda`` calls :class:`LossWatch` makes, recorded; anything else (a
+    ``synchronize``) is an AttributeError, which the test would see."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.done = False
+        outer = self
+
+        class Event:
+            def record(self, stream: object) -> None:
+                outer.calls.append("record")
+
+            def query(self) -> bool:
+                outer.calls.append("query")
+                return outer.done
+
+        self.Event = Event
+
+    def current_stream(self, device: object) -> str:
+        return "stream"
+
+    @contextlib.contextmanager
+    def stream(self, stream: object) -> Iterator[None]:
+        yield
+
+
+class _FakeTorch:
+    """``torch`` as LossWatch sees it on a CUDA training (no GPU needed)."""
+
+    def __init__(self) -> None:
+        self.cuda = _FakeCuda()
+        self.float64 = "float64"
+        self.copied: list[tuple[float, bool]] = []
+        fake = self
+
+        class Tensor:
+            def __init__(self, value: float, cuda: bool) -> None:
+                self.value, self.is_cuda, self.is_cpu = value, cuda, not cuda
+                self.device: Any = "cuda:0" if cuda else "cpu"
+
+            def numel(self) -> int:
+                return 1
+
+            def detach(self) -> Tensor:
+                return self
+
+            def item(self) -> float:
+                assert self.is_cpu, "item() of a CUDA tensor: a device sync"
+                return self.value
+
+            def copy_(self, src: Tensor, non_blocking: bool = False) -> None:
+                fake.copied.append((src.value, non_blocking))
+                self.value = src.value
+
+        self.Tensor = Tensor
+
+    def empty(self, shape: object, dtype: object, pin_memory: bool) -> Any:
+        assert pin_memory
+        return self.Tensor(0.0, False)
+
+
+def test_a_cuda_loss_is_copied_without_blocking_and_read_once_its_event_is_done() -> None:
+    torch = _FakeTorch()
+    watch = LossWatch()
+    watch.read(torch, (torch.Tensor(0.5, True),), {}, 1, 10.0)
+    assert torch.copied == [(0.5, True)] and torch.cuda.calls == ["record"] and not watch.samples
+    watch.read(torch, (torch.Tensor(0.4, True),), {}, 2, 10.3)  # the copy is not done: no second one
+    assert torch.copied == [(0.5, True)] and not watch.samples
+    torch.cuda.done = True
+    assert not watch.read(torch, (torch.Tensor(math.nan, True),), {}, 3, 10.6)
+    assert [(s, v) for s, _t, v in watch.samples] == [(1, 0.5)]  # the step it was taken at
+    assert math.isnan(torch.copied[-1][0]) and torch.copied[-1][1]  # the next copy, non-blocking
+    assert watch.read(torch, (), {"tensors": torch.Tensor(0.1, True)}, 4, 10.9)  # the NaN, read now
+    assert watch.first_nonfinite is not None and watch.first_nonfinite[0] == 3
+
+
+def test_a_loss_on_another_device_is_not_read_and_says_so() -> None:
+    torch = _FakeTorch()
+    t = torch.Tensor(0.5, False)
+    t.is_cpu = False
+    t.device = type("D", (), {"type": "mps"})()
+    watch = LossWatch()
+    watch.read(torch, (t,), {}, 1, 1.0)
+    assert watch.note == OTHER_DEVICE.format(device="mps") and not watch.samples and torch.copied == []
