@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
@@ -208,7 +209,7 @@ def _observed(reads: list[HookState]) -> Observation:
 def test_the_report_status_line_and_metrics_show_progress_and_loss() -> None:
     obs = _observed(readings(25, lambda step, t: math.nan if step >= 200 else 1.0))
     data = report.build(obs, watched_s=25.0).to_json()
-    p = data["progress"]
+    p: dict[str, Any] = data["progress"]  # type: ignore[assignment]
     assert (p["epoch"], p["batch"], p["epoch_len"], p["loss"], p["nonfinite_step"]) == (3, 51, 100, None, 201)
     assert p["eta_s"] == pytest.approx(4.9, rel=0.1)
     schema = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
