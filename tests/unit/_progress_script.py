@@ -9,6 +9,7 @@ Modes:
 - ``paced``: the default rate, 12 steps 0.1 s apart;
 - ``not_scalar``: ``backward(gradient=...)``, several tensors, and a non-scalar ``backward()``
   without a gradient (torch's own error, which must reach the script unchanged);
+- ``scaler``: ``scaler.scale(loss).backward()`` with a CPU ``GradScaler`` (scale 1024);
 - ``persistent``: a DataLoader with a persistent worker for 3 epochs; an ``IterableDataset``.
 
 What the hook published is read back from its files as torchwatch reads them (``HookReader``).
@@ -100,6 +101,18 @@ elif MODE == "not_scalar":
         out["error"] = str(exc)
     notes.append(published()["progress"])
     out.update(notes=notes, errors=published()["errors"])
+elif MODE == "scaler":
+    wire.LOSS_EVERY_S = 0.0
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    printed = {}
+    for n, (x, y) in enumerate(DataLoader(data, batch_size=4), 1):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        printed[str(n)] = loss.item()
+    out.update(published(), printed=printed, scale=scaler.get_scale())
 elif MODE == "persistent":
     loader = DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
     for _ in range(3):

@@ -58,6 +58,13 @@ def test_the_loss_is_read_at_most_every_quarter_second(tmp_path: Path) -> None:
     assert len(times) < 12
 
 
+def test_with_a_grad_scaler_the_loss_read_is_the_unscaled_one(tmp_path: Path) -> None:
+    r = run("scaler", tmp_path)
+    assert r["errors"] == [] and r["scale"] >= 1024.0
+    series = {str(step): value for step, _t, value in r["progress"]["loss"]}
+    assert len(series) == 10 and series == r["printed"]  # loss, not loss x 1024
+
+
 def test_a_backward_that_is_not_a_loss_gives_no_loss_and_says_why(tmp_path: Path) -> None:
     r = run("not_scalar", tmp_path)
     notes = [n["loss_note"] for n in r["notes"]]

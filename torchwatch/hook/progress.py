@@ -11,7 +11,9 @@ most every :data:`wire.LOSS_EVERY_S` (the backward wrapper checks one clock read
   done no other copy is made;
 - on another device (MPS, XLA, ...): not read (a read there waits for the device), said once.
 
-A ``backward()`` of a tensor of more than one element, or with ``gradient=``/``grad_tensors``, or
+With a ``GradScaler``, ``scaler.scale(loss).backward()`` reads ``loss``, not ``loss`` times the
+scale (``GradScaler.scale`` stays wrapped for that: two weak references per call). A
+``backward()`` of a tensor of more than one element, or with ``gradient=``/``grad_tensors``, or
 of several tensors, gives no loss, said once in :attr:`LossWatch.note`. With several losses each
 backward'd on its own, the one read is the first ``backward()`` call after the reading is due.
 Standard library only; torch comes in as an argument.
@@ -20,6 +22,7 @@ Standard library only; torch comes in as an argument.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import deque
 from typing import Any
 
@@ -51,6 +54,15 @@ class LossWatch:
         self.changed = False
         self._pending: tuple[Any, Any, int, float] | None = None  # (pinned scalar, event, step, t)
         self._pinned: Any = None
+        self._scaled: tuple[Any, Any] | None = None  # weak refs: (GradScaler.scale's result, its input)
+
+    def scaled(self, result: Any, loss: Any) -> None:
+        """``GradScaler.scale(loss)`` returned ``result`` (loss x scale): a ``result.backward()``
+        reads ``loss`` instead. Weak references: nothing of the training is kept alive."""
+        try:
+            self._scaled = (weakref.ref(result), weakref.ref(loss))
+        except TypeError:  # scale() of a list of tensors: not a loss
+            self._scaled = None
 
     def read(self, torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int, t: float) -> bool:
         """Take a reading of the loss ``torch.autograd.backward(*args, **kwargs)`` is called on,
@@ -67,6 +79,11 @@ class LossWatch:
             if len(tensors) != 1:
                 return self._say(SEVERAL) or first_bad
             tensors = tensors[0]
+        scaled = self._scaled
+        if scaled is not None and scaled[0]() is tensors:
+            unscaled = scaled[1]()  # the loss GradScaler.scale() was given (never bool() a tensor: a sync)
+            if unscaled is not None:
+                tensors = unscaled
         if not isinstance(tensors, torch.Tensor):
             return first_bad
         n = tensors.numel()

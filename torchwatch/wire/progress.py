@@ -69,7 +69,7 @@ class ProgressInfo:
     Attributes:
         epoch: iterators made over the busiest DataLoader since the hook started (its
             ``__iter__`` calls, persistent workers included), counted from 1; ``None`` before one.
-            Under ``attach`` the count starts at the epoch running when the hook got in.
+            Under ``attach`` the epoch running when the hook got in is not counted: the next is 1.
         batch: batches taken from that iterator (the position in the epoch, counted from 1).
         epoch_len: ``len(loader)`` in batches; ``None``: not known (an ``IterableDataset``
             without ``__len__``).
