@@ -16,7 +16,7 @@ from tests.integration.conftest import REPO, headless_run, torchwatch
 
 pytestmark = pytest.mark.integration
 SCENARIO = REPO / "tests" / "scenarios" / "loss_nan.py"
-PRINTED = re.compile(r"^loss_nan: epoch (\d+) batch (\d+) step (\d+) loss (\S+)$", re.MULTILINE)
+PRINTED = re.compile(r"^loss_nan: epoch (\d+) batch (\d+) step (\d+) loss (\S+) t \S+$", re.MULTILINE)
 NAN_AT = 70
 
 
