@@ -8,9 +8,10 @@ Four tables, printed; ``--json PATH`` writes them too. Rerun:
 
 1. Per call: the optimizer step hook, the DataLoader ``__next__`` wrapper, the
    ``torch.autograd.backward`` wrapper (with optimizer steps, and as the step boundary of a loop
-   without ``torch.optim``) and a collective wrapper (``all_reduce`` of one number in a one-rank
-   gloo group), in microseconds (median of 5 rounds of 20 000 calls, in this process; each
-   wrapper as the difference to the same calls with the hook switched off).
+   without ``torch.optim``; and what one reading of the loss adds to it) and a collective wrapper
+   (``all_reduce`` of one number in a one-rank gloo group), in microseconds (median of 5 rounds
+   of 20 000 calls, in this process; each wrapper as the difference to the same calls with the
+   hook switched off).
 2. Steps/s of each demo alone vs with the hook pre-loaded (``torchwatch run`` without the outside
    samplers), as the median ratio of interleaved pairs (A B A B ...): this machine is shared.
 3. Bursts on ``demo/dataloader_bound.py``: extra wall time per burst (the burst's steps minus as
@@ -119,7 +120,37 @@ def _backward_us(hook: Any, rounds: int, calls: int) -> dict[str, float]:
     for source in ("optimizer", "backward"):
         hook.step_source = source
         out[f"backward_wrapper_{source}_us"] = _extra_us(lambda: (x * 2).sum().backward(), rounds, calls)
+    hook.step_source = "optimizer"
+    out["loss_read_us"] = _loss_read_us(hook, lambda: (x * 2).sum().backward(), rounds, calls)
     return out
+
+
+def _loss_read_us(hook: Any, call: Any, rounds: int, calls: int) -> float:
+    """What one reading of the loss adds to a backward call, us (a CPU scalar's ``item()`` and
+    the sample kept): the same calls with the reading never due, then due at every call
+    (``wire.LOSS_EVERY_S`` = 0). In a training it is taken at most every 0.25 s."""
+    from torchwatch import wire
+
+    every = wire.LOSS_EVERY_S
+    extra = []
+    try:
+        for _ in range(rounds):
+            wire.LOSS_EVERY_S = 1e9
+            hook.loss.due = float("inf")
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            t1 = time.perf_counter()
+            wire.LOSS_EVERY_S = 0.0
+            hook.loss.due = 0.0
+            for _ in range(calls):
+                call()
+            t2 = time.perf_counter()
+            extra.append(((t2 - t1) - (t1 - t0)) / calls * 1e6)
+    finally:
+        wire.LOSS_EVERY_S = every
+        hook.loss.due = 0.0
+    return statistics.median(extra)
 
 
 def _collective_us(tmp: Path, rounds: int, calls: int) -> float:
@@ -331,6 +362,11 @@ def main() -> int:
         f"backward wrapper +{calls['backward_wrapper_optimizer_us']:.1f} us "
         f"(as the step boundary +{calls['backward_wrapper_backward_us']:.1f} us), "
         f"collective wrapper +{calls['collective_wrapper_us']:.1f} us"
+    )
+    read = calls["loss_read_us"]
+    print(
+        f"loss reading: +{read:.1f} us per reading (included in the backward wrapper's figure once due), "
+        f"at most 4 a second: {read * 4 * 0.01:.2f} us per 10 ms step, {read:.1f} us per step of 250 ms or more"
     )
 
     demos = [d for d in args.demos.split(",") if d]

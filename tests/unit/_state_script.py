@@ -79,6 +79,7 @@ def snapshot() -> dict:
         "Optimizer.step": optim_mod.Optimizer.__dict__.get("step"),
         "_BaseDataLoaderIter.__next__": dl._BaseDataLoaderIter.__dict__["__next__"],
         "DataLoader._get_iterator": dl.DataLoader.__dict__["_get_iterator"],
+        "DataLoader.__iter__": dl.DataLoader.__dict__["__iter__"],
         "torch.autograd.backward": torch.autograd.backward,
         "Tensor.backward": torch.Tensor.backward,
         "autocast.__enter__": autocast_mode.autocast.__dict__["__enter__"],

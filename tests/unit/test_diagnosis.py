@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.featuresets import consistent
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
-from torchwatch.analysis.features import CATALOGUE, WATCH_FEATURES, Features
+from torchwatch.analysis.features import CATALOGUE, PROGRESS_FEATURES, WATCH_FEATURES, Features
 from torchwatch.analysis.rules_engine import Rule, load_rules, parse_rule
 
 RULES = {r.id: r for r in load_rules()}
@@ -56,6 +56,22 @@ _HOST_WAIT: dict[str, Any] = {
 # Per shipped rule: values that fire it, values that keep it silent, and the input that when
 # None makes it not applicable (set on top of the firing values).
 CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    # the loss's health: features from torchwatch.analysis.progress (test_progress builds them from readings)
+    "loss-not-finite": (
+        {"loss_nonfinite": 1.0, "loss_nonfinite_step": 20.0, "loss_last_finite_step": 19.0, "loss": float("nan")},
+        {"loss_nonfinite": 0.0, "loss": 0.5},
+        "loss_nonfinite",  # no loss read (no hook, or a backward that is not a loss)
+    ),
+    "loss-spike": (
+        {"loss_spike_z": 12.0, "loss_spike_ratio": 3.0, "loss_spike_step": 400.0, "loss": 1.5},
+        {"loss_spike_z": 2.0, "loss_spike_ratio": 1.1, "loss_spike_step": 400.0},
+        "loss_spike_z",  # under a minute of readings before the last 5 s
+    ),
+    "loss-stalled": (
+        {"loss_change_share": 0.002, "loss_trend_significant": 0.0, "loss_trend_per_min": -0.0001, "loss": 0.7},
+        {"loss_change_share": 0.2, "loss_trend_significant": 1.0},
+        "loss_change_share",  # under 2 minutes of readings
+    ),
     # the memory forecast's features come from torchwatch.watch.memwatch (its own tests build them)
     "memory-growth": (
         {
@@ -619,7 +635,8 @@ def test_amp_fix_only_when_autocast_is_not_on() -> None:
 def _recorded(name: str) -> Features:
     """Features of the last window of a real scenario run (tests/fixtures/windows/, with provenance)."""
     data = json.loads((WINDOWS / f"{name}.json").read_text())
-    recorded_with = set(CATALOGUE) - WATCH_FEATURES  # the memory watch's are not computed from a window
+    # the memory watch's and the loss's are not computed from a window
+    recorded_with = set(CATALOGUE) - WATCH_FEATURES - PROGRESS_FEATURES
     assert set(data["features"]) == recorded_with, "fixture recorded with another catalogue: record it again"
     return {k: v for k, v in data["features"].items()}
 

@@ -26,7 +26,7 @@ from torchwatch.model.readings import Frame, HookState, Role
 from torchwatch.sources.proc import TreeNode
 from torchwatch.sources.pyspy import parse_dump
 from torchwatch.watch.hang import HangRecorder
-from torchwatch.wire import HookRecord, Instance, RankInfo
+from torchwatch.wire import HookRecord, Instance, LossSample, ProgressInfo, RankInfo
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy"
 SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
@@ -181,8 +181,12 @@ def _fake_dump(pid: int) -> tuple[tuple[DumpedThread, ...], str | None, float]:
     return (DumpedThread(pid, "MainThread", False, FAKE_STACKS[pid]),), None, 0.01
 
 
-def _reading(pid: int, rank: int, steps: tuple[tuple[float, float, float], ...]) -> HookState:
-    record = HookRecord(Instance(pid, 1, 1), "3.11", "2.13", 0.0, 0, False, rank=RankInfo(rank=rank, world_size=2))
+def _reading(
+    pid: int, rank: int, steps: tuple[tuple[float, float, float], ...], progress: ProgressInfo | None = None
+) -> HookState:
+    record = HookRecord(
+        Instance(pid, 1, 1), "3.11", "2.13", 0.0, 0, False, rank=RankInfo(rank=rank, world_size=2), progress=progress
+    )
     return HookState(
         t=0.0, pid=pid, steps=len(steps), batches=0, data_wait_s=0.0, in_next_since=0.0, new_steps=steps, record=record
     )
@@ -196,7 +200,8 @@ def test_the_recorder_dumps_every_rank_and_worker_once_and_reports_the_stall_whe
         return _fake_dump(pid)
 
     rec = HangRecorder(FakeTree(), started=0.0, hang_after=5.0, dump=dump)  # type: ignore[arg-type]
-    rec.feed([_reading(11, 0, ((1.0, 0.1, 0.0),)), _reading(12, 1, ((1.0, 0.1, 0.0),))])
+    progress = ProgressInfo(2, 17, 50, (LossSample(66, 0.9, 0.4125),))
+    rec.feed([_reading(11, 0, ((1.0, 0.1, 0.0),), progress), _reading(12, 1, ((1.0, 0.1, 0.0),), progress)])
     assert not rec.check(5.5) and rec.view(5.5) is None
     assert rec.check(6.5)
     rec.join(5.0)
@@ -206,6 +211,8 @@ def test_the_recorder_dumps_every_rank_and_worker_once_and_reports_the_stall_whe
     assert view.odd_one_out is not None and view.odd_one_out.rank == 1
     assert view.odd_one_out.top_frame == "load (/job/t.py:1)"
     assert [p.state for p in view.processes] == ["collective", "elsewhere", "idle"]
+    assert view.progress == "epoch 2, batch 17/50, loss 0.4125 at step 66"  # as its hook last published
+    assert "  its training then: epoch 2, batch 17/50, loss 0.4125 at step 66" in hang_lines(view)
     assert not rec.check(30.0) and sorted(calls) == [11, 12, 13]  # once per stall
     rec.feed([_reading(12, 1, ((40.0, 0.1, 0.0),))])  # the rank that fired (the first by age) steps
     rec.feed([_reading(11, 0, ((40.0, 0.1, 0.0),))])

@@ -9,10 +9,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 from textual.widgets import Log, Static, TabbedContent
 
-from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_session
+from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_record, recorded_session
 from torchwatch import wire
 from torchwatch.faces import report
 from torchwatch.faces.tui.app import WatchApp
@@ -584,3 +585,50 @@ def test_no_color_draws_no_colour_not_greys(monkeypatch: Any) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
     run(recorded_session(), check)
     assert seen["colours"] == set()
+
+
+def _with_progress(session: RecordedWatch) -> RecordedWatch:
+    """The recorded training's last minute with the hook's progress: epoch 2, 30 of 50 batches at
+    half a batch a second (20 to come: 40 s), a loss falling from 2.0, read 4 times a second."""
+    record = recorded_record()
+    samples: list[wire.LossSample] = []
+    for k in range(60 * 4 + 1):
+        t = NOW - 60.0 + k / 4
+        samples.append(wire.LossSample(k + 1, t, 2.0 / (1 + k / 40)))
+        if k % 4 == 0 and k:
+            batch = 30 - (60 * 4 - k) // 4 // 2  # half a batch a second, up to 30 of epoch 2
+            info = wire.ProgressInfo(2, max(1, batch), 50, tuple(samples[-wire.LOSS_HISTORY :]))
+            session.store.add(
+                [HookState(t, MAIN, 1000 + k, 1000 + k, 0.0, 0.0, record=dataclasses.replace(record, progress=info))]
+            )
+    return session
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_the_steps_panel_shows_the_epoch_the_loss_and_its_sparkline(size: tuple[int, int]) -> None:
+    session = _with_progress(recorded_session(hooked=True))
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("4")
+        await pilot.pause()
+        panel = app.query_one(StepsPanel)
+        steps = plain(panel.query_one("#steps-text", Static).content)
+        assert "epoch 2 · 30/50 · 40 s left" in steps, steps
+        assert "loss 0.2857 at step 241, -0.789/min" in steps, steps  # 2 / (1 + 240 / 40)
+        loss = panel.query_one("#steps-loss", Trend)
+        assert loss.display and 12 <= len(loss.data) <= 13  # 5 s medians of the last minute (both ends)
+        assert list(loss.data) == sorted(loss.data, reverse=True)  # falling
+        panel.scroll_to_widget(loss, animate=False)
+        await pilot.pause()
+        assert loss.region.height > 0 and app.screen.region.contains_region(loss.region)
+
+    run(session, check, size=size)
+
+
+def test_without_a_loss_the_steps_panel_has_no_loss_row() -> None:
+    async def check(app: WatchApp, pilot: Any) -> None:
+        await pilot.press("4")
+        await pilot.pause()
+        assert not app.query_one(StepsPanel).query_one("#steps-loss", Trend).display
+
+    run(recorded_session(hooked=True), check)

@@ -222,6 +222,7 @@ class Diagnoser:
             and r.id not in self._firing
             and r.severity != "info"
             and r.label != "undetermined"
+            and r.scope != "health"
         ]
         if any(_PRIORITY[r.label] < _PRIORITY[verdict.label] for r in pending):
             verdict = self._last or Verdict("undetermined", 0.0, "Collecting evidence: a finding is settling.")
@@ -280,6 +281,8 @@ class Diagnoser:
 
     @staticmethod
     def _verdict(findings: list[Finding], features: Features) -> Verdict:
+        # health findings (the loss: scope "health") are beside the verdict, never part of it
+        findings = [f for f in findings if f.scope != "health"]
         deciding = [f for f in findings if f.severity != "info" and f.label != "undetermined"]
         stack_n = features.get("stack_samples") or 0.0
         thread_n = features.get("thread_samples") or 0.0
@@ -344,14 +347,15 @@ def finding_order(f: Finding) -> tuple[int, int, int, float, bool]:
     scarcity and their fix changes them all (measured, ``bench/noisy.py``: beside one busy process,
     a DataLoader-bound training ran 5.0x faster with the neighbour gone, 2.4x with its own relief;
     a CPU-bound one 6.7x against 4.3x). Then findings that decide a label in label order
-    (:data:`~torchwatch.model.labels.LABELS`), then ``undetermined`` ones, then ``info``. Within a
+    (:data:`~torchwatch.model.labels.LABELS`), then ``undetermined`` ones, then ``info``, then scope
+    ``health`` (the loss: beside the verdict, never part of it). Within a
     label, scope ``demand`` (the training's own demand beyond its CPUs: a quota it spends, more
     threads than CPUs) after the others: making the loop cheaper shrinks that wait too (measured:
     under a 1-CPU quota big_cpu_matmul ran 2.3x faster with the quota lifted, 8.8x with its own
     relief; every scenario's own relief beat lifting the quota or lowering the threads); then the
     larger measure, critical before warning. The verdict's label does not follow this order: see
     :meth:`Diagnoser._verdict`."""
-    tier = 2 if f.severity == "info" else (1 if f.label == "undetermined" else 0)
+    tier = 3 if f.scope == "health" else 2 if f.severity == "info" else (1 if f.label == "undetermined" else 0)
     if f.scope == "machine" and tier == 0:
         return (0, -1, 0, -(f.measure or 0.0), f.severity != "critical")
     return (tier, _PRIORITY[f.label], 1 if f.scope == "demand" else 0, -(f.measure or 0.0), f.severity != "critical")

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torchwatch.analysis import producers, stacks
+from torchwatch.analysis import progress as _progress
 from torchwatch.analysis.store import Window
 from torchwatch.model.observation import FeatureSpec
 from torchwatch.model.peaks import flop_rate
@@ -466,6 +467,7 @@ CATALOGUE: dict[str, FeatureSpec] = _specs(
     ),
     ("mfu", "share", "hook+burst", "model FLOPs utilisation: achieved / peak FLOP/s"),
     *PRODUCER_CATALOGUE,
+    *_progress.CATALOGUE,
 )
 
 Features = dict[str, "float | None"]
@@ -1216,6 +1218,11 @@ WATCH_FEATURES = frozenset(
 """Features of the catalogue that :func:`compute` does not make: the memory watch makes them from
 minutes of readings (:meth:`torchwatch.watch.memwatch.MemoryWatch.features`), and the session adds
 them to every analysis."""
+
+PROGRESS_FEATURES = frozenset(name for name, *_ in _progress.CATALOGUE)
+"""Features of the catalogue that :func:`compute` does not make: the epoch and the loss's health,
+from minutes of the hook's readings (:func:`torchwatch.analysis.progress.features`); the session
+adds them to every analysis."""
 
 
 def texts(window: Window, main_pid: int | None) -> dict[str, str]:

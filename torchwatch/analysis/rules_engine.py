@@ -14,6 +14,9 @@ A rule file::
     scope = "loop"                      # optional: loop (default) | machine (other processes
                                         # hold the CPUs: listed first) | demand (the training's
                                         # own demand beyond its CPUs: after its label's others)
+                                        # | health (the training's health, not its speed: never
+                                        # the label, its confidence or its summary; label
+                                        # "undetermined", severity info or warning)
 
     [[fixes]]
     title = "Use more DataLoader workers"
@@ -75,7 +78,7 @@ TEMPLATE_VALUES = {
     "producer_processes": "text: the tree's busiest processes beside the training, e.g. 'PID 812 python 0.9 cores'",
 }
 _KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes", "scope"}
-SCOPES = ("loop", "machine", "demand")
+SCOPES = ("loop", "machine", "demand", "health")
 """Where a finding's cause lies, which sets its place among the findings (``diagnosis.finding_order``)."""
 _FIX_KEYS = {"title", "detail", "when", "trial"}
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
@@ -227,6 +230,8 @@ def parse_rule(text: str, path: str) -> Rule:
     scope = data.get("scope", "loop")
     if scope not in SCOPES:
         raise fail("scope", f"scope must be one of {', '.join(SCOPES)}")
+    if scope == "health" and (data["label"] != "undetermined" or data["severity"] == "critical"):
+        raise fail("scope", 'a health rule has label "undetermined" and severity info or warning')
     try:
         summary = _check_template(data["summary"], "summary")
     except ValueError as exc:

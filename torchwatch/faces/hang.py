@@ -49,6 +49,8 @@ def hang_lines(h: HangView | HangRecord | None) -> list[str]:
     if h is None:
         return []
     lines = [_headline(h), f"  {h.summary}" if h.summary else "  (no thread dump)"]
+    if h.progress:
+        lines.append(f"  its training then: {h.progress}")
     for p in h.processes:
         who = f"rank {p.rank}" if p.rank is not None and p.role == "rank" else p.role
         # an idle worker's own code is where it was forked from: where it waits says more

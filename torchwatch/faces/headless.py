@@ -54,5 +54,11 @@ def status_line(obs: Observation | None, elapsed_s: float) -> str:
     hang = notice(obs.hang)
     if hang is not None:
         parts.append(hang)
+    prog = obs.focus.progress
+    if prog is not None:
+        parts.append(prog.line())
+    health = [x.rule for x in obs.findings if x.scope == "health"]
+    if health:
+        parts.append("health: " + ", ".join(health))
     parts.append(f"sampling: {obs.sampling.mode}")
     return " | ".join(parts)

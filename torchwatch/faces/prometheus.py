@@ -248,8 +248,9 @@ def _live_hang(o: Observation) -> HangView | None:
 def _rank_metrics(
     out: _Families, obs: Sequence[Observation], o: Observation, who: tuple[str, ...], host: str
 ) -> dict[int, tuple[str, ...]]:
-    """Per rank: the step's parts (medians over the window), steps, CPU, RSS, device memory and the
-    rank's own verdict: the series a rule compares across the nodes of a job.
+    """Per rank: the step's parts (medians over the window), steps, CPU, RSS, device memory, the
+    focus rank's loss, epoch and time left in it, and the rank's own verdict: the series a rule
+    compares across the nodes of a job.
 
     Returns:
         ``{rank's PID: its label values}`` of the ranks exported.
@@ -329,6 +330,24 @@ def _rank_metrics(
             "device memory the caching allocator holds (torch.cuda.memory_reserved)",
             mem.reserved_bytes,
         )
+        prog = view.progress
+        if prog is not None:
+            gauge(
+                "loss",
+                "the last loss the rank's hook read (the scalar backward() was called on, read a few times a "
+                "second without a device sync); NaN or +Inf when it is not finite",
+                prog.loss,
+            )
+            gauge("loss_step", "the step of that loss reading, from 1", prog.loss_step)
+            gauge("epoch", "the epoch of the rank's busiest DataLoader (iterators made over it), from 1", prog.epoch)
+            gauge("epoch_batches", "batches taken in that epoch", prog.batch if prog.epoch is not None else None)
+            gauge("epoch_length_batches", "len(loader): batches in an epoch", prog.epoch_len)
+            gauge(
+                "eta_seconds",
+                "time left in the current epoch: batches to come over batches taken per second in the last "
+                "30 s; no sample when the epoch's length or the rate is not known",
+                prog.eta_s,
+            )
         verdict = view.verdict
         if verdict is not None and (len(o.ranks) > 1 or labels[-1] not in ("", "1")):
             top = view.findings[0].rule if view.findings else ""

@@ -122,7 +122,8 @@ def build(
     ``sampling`` (the samplers' cadence, :class:`~torchwatch.model.observation.SamplingView`);
     ``trials`` (each live trial's state and its ``verdict``); ``memory`` (the limit, the forecasts
     and the out-of-memory records, :class:`~torchwatch.model.report.MemoryReport`; no key when
-    nothing was read). The types, and how a key is added:
+    nothing was read); ``progress`` (the focus rank's epoch, its time left and the loss,
+    :class:`~torchwatch.model.progress.ProgressView`; no key without them). The types, and how a key is added:
     :mod:`torchwatch.model.report`.
     """
     verdict = obs.verdict or Verdict("undetermined", 0.0, "Collecting evidence.")
@@ -155,6 +156,7 @@ def build(
         sampling=obs.sampling,
         trials=tuple(obs.trials),
         memory=memory_report(obs.memory.view, obs.t - obs.elapsed_s),
+        progress=json_rounded(obs.focus.progress),
     )
 
 
@@ -340,6 +342,8 @@ def render_text(report: Report) -> str:
         f"verdict: {verdict.label} (confidence {verdict.confidence:.2f})",
         f"  {verdict.summary}",
     ]
+    if report.progress is not None:
+        lines.append(f"progress: {report.progress.line()}")
     if report.findings:
         lines.append("findings:")
     for f in report.findings:

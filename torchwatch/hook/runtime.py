@@ -7,12 +7,15 @@ What runs on the training's hot path, and its cost (measured by ``bench/hook_cos
 - a wrapper around ``_BaseDataLoaderIter.__next__``: two clock reads and two counter updates
   per batch;
 - a wrapper around ``DataLoader._get_iterator``: reads the loader's settings once per iterator;
+- a wrapper around ``DataLoader.__iter__``: a new epoch of that loader (:mod:`torchwatch.hook.progress`);
 - a wrapper around ``torch.autograd.backward`` (``Tensor.backward`` calls it): two wall-clock
   and two thread-CPU-clock reads (``time.thread_time``) and two counter updates per backward
   pass of the main thread. The backward pass's wall time minus the main thread's CPU time in it
   is the time it was blocked: with DDP on the CPU, the reducer's wait for its gradient
   all-reduces (see :class:`wire.RankStep` for when that reading holds). It also gives step
-  boundaries to loops without ``torch.optim`` (manual SGD): :data:`STEP_SOURCE_RULE`;
+  boundaries to loops without ``torch.optim`` (manual SGD): :data:`STEP_SOURCE_RULE`. At most
+  every 0.25 s it also reads the loss the pass is called on, without a device sync
+  (:class:`torchwatch.hook.progress.LossWatch`); in between, one comparison of two floats;
 - wrappers around the blocking ``torch.distributed`` collectives (:data:`COLLECTIVES`) and
   ``Work.wait()``: two clock reads and two counter updates per call of the main thread outside
   backward;
@@ -52,10 +55,12 @@ from .compiled import CompileWatch
 from .cpus import read_threads
 from .gpu import GpuWatch
 from .oom import OomWatch
+from .progress import EpochWatch, LossWatch, progress_info
 from .trial import Trials
 
 MAX_LOADERS = 8  # DataLoaders whose settings are kept (train, val, ...)
 MAX_ERRORS = 10
+PROGRESS_EVERY_S = 2.0  # hook.json is rewritten at most this often for the epoch and loss alone (0.9 ms each)
 
 BACKWARD_DECIDE_CALLS = 64
 BACKWARD_DECIDE_S = 10.0
@@ -159,7 +164,7 @@ def _loader_settings(loader: Any) -> dict[str, Any]:
 
 
 class _LoaderRecord:
-    __slots__ = ("batch_bytes", "batches", "key", "ref", "settings", "wait_s")
+    __slots__ = ("batch_bytes", "batches", "epochs", "key", "ref", "settings", "wait_s")
 
     def __init__(self, key: int, settings: dict[str, Any], loader: Any = None) -> None:
         self.key = key
@@ -170,6 +175,7 @@ class _LoaderRecord:
         self.batches = 0
         self.wait_s = 0.0
         self.batch_bytes: int | None = None
+        self.epochs = EpochWatch()
 
     def info(self) -> wire.LoaderInfo:
         return wire.LoaderInfo(
@@ -274,6 +280,9 @@ class Hook:
         # CUDA out-of-memory errors: observed (never caught) once the training initialised CUDA
         self.oom = OomWatch(self._on_oom, self._oom_steps)
         self.threads: wire.ThreadSettings | None = None  # read with the GPU settings, every 0.5 s
+        self.loss = LossWatch()  # the loss backward() is called on, a few times a second
+        self._progress_due = 0.0
+        self._progress_shown: tuple[int, int, int] = (0, 0, 0)  # (loader key, epoch, batch) published
         self.signal_owned = False
         self.usable_cpus: float | None = None
         self.shm_bytes: int | None = None
@@ -431,6 +440,8 @@ class Hook:
                 return orig(*args, **kwargs)
             t0 = monotonic()
             c0 = thread_time()
+            if t0 >= hook.loss.due:
+                hook.read_loss(args, kwargs, t0)
             try:
                 hook.backward_started(t0)
                 result = orig(*args, **kwargs)
@@ -505,11 +516,13 @@ class Hook:
                     counters = None
             try:
                 batch = orig_next(it)
-            except BaseException:
+            except BaseException as exc:
                 # StopIteration at the end of an epoch (or an error): no longer in __next__
                 if counters is not None:
                     with contextlib.suppress(Exception):
                         counters.next_aborted()
+                if isinstance(exc, StopIteration):
+                    hook.epoch_ended()
                 raise
             hook.on_batch(it, t0, time.monotonic(), batch)
             return batch
@@ -527,14 +540,29 @@ class Hook:
                     hook.error(f"DataLoader settings: {exc!r}")
             return it
 
+        orig_iter = dl.DataLoader.__iter__
+
+        def __iter__(loader: Any) -> Any:
+            it = orig_iter(loader)
+            if _active:
+                hook.epoch_started(loader)
+            return it
+
         __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]
         _get_iterator.__wrapped__ = orig_get  # type: ignore[attr-defined]
+        __iter__.__wrapped__ = orig_iter  # type: ignore[attr-defined]
         base.__next__ = __next__
         dl.DataLoader._get_iterator = _get_iterator
-        self._unpatch += [(base, "__next__", orig_next), (dl.DataLoader, "_get_iterator", orig_get)]
+        dl.DataLoader.__iter__ = __iter__
+        self._unpatch += [
+            (base, "__next__", orig_next),
+            (dl.DataLoader, "_get_iterator", orig_get),
+            (dl.DataLoader, "__iter__", orig_iter),
+        ]
 
     def _patch_amp(self, torch: Any) -> None:
-        """Record the first enabled ``autocast`` and ``GradScaler``, then put the originals back."""
+        """Record the first enabled ``autocast`` (then put the original back) and ``GradScaler``;
+        ``GradScaler.scale`` stays wrapped: the loss is read before it is scaled."""
         import importlib
 
         am: Any = importlib.import_module("torch.amp.autocast_mode")
@@ -566,12 +594,15 @@ class Hook:
         orig_scale = scaler.scale
 
         def scale(sc: Any, outputs: Any) -> Any:
-            if getattr(sc, "_enabled", False) and _active:
+            result = orig_scale(sc, outputs)
+            if _active and getattr(sc, "_enabled", False):
                 with contextlib.suppress(Exception):
-                    hook.amp = wire.AmpInfo(hook.amp.autocast, hook.amp.dtype, hook.amp.device_type, True)
-                    scaler.scale = orig_scale
-                    hook.publish()
-            return orig_scale(sc, outputs)
+                    # the loss read is the one scale() was given, not loss x scale (LossWatch.scaled)
+                    hook.loss.scaled(result, outputs)
+                    if not hook.amp.grad_scaler:
+                        hook.amp = wire.AmpInfo(hook.amp.autocast, hook.amp.dtype, hook.amp.device_type, True)
+                        hook.publish()
+            return result
 
         scaler.scale = scale
         self._unpatch.append((scaler, "scale", orig_scale))
@@ -661,6 +692,9 @@ class Hook:
         if now - self._last_check > 1.0:
             self._last_check = now
             self._check_signal()
+        if now >= self._progress_due:
+            self._progress_due = now + PROGRESS_EVERY_S
+            self._publish_progress()
         if not self._identity_refreshed:
             # a torch.multiprocessing.spawn rank knows its index only once its function runs
             self._identity_refreshed = True
@@ -743,6 +777,49 @@ class Hook:
             return True
         return False
 
+    def read_loss(self, args: tuple[Any, ...], kwargs: dict[str, Any], t0: float) -> None:
+        """A reading of the loss ``backward(*args, **kwargs)`` is called on (:class:`LossWatch`);
+        a first NaN/inf is published at once. Never raises: a failure turns loss reading off for
+        a minute and is recorded."""
+        try:
+            counters = self.counters
+            step = (counters.steps if counters is not None else 0) + 1
+            if self.loss.read(self.torch, args, kwargs, step, t0):
+                self.publish()
+        except Exception as exc:
+            self.loss.due = t0 + 60.0
+            self.error(f"loss reading: {exc!r}")
+
+    def epoch_started(self, loader: Any) -> None:
+        """``iter(loader)`` was called: a new epoch of that DataLoader. Never raises."""
+        try:
+            self.loader_record(loader).epochs.started(loader)
+        except Exception as exc:
+            self.error(f"DataLoader epoch: {exc!r}")
+
+    def epoch_ended(self) -> None:
+        """A DataLoader iterator is exhausted: publish the epoch's end (once an epoch; the
+        training may stop here, before the next every-2-s rewrite). Never raises."""
+        with contextlib.suppress(Exception):
+            self._publish_progress()
+
+    def progress(self) -> wire.ProgressInfo | None:
+        """The epoch of the busiest DataLoader and the loss readings (``hook.json``'s ``progress``)."""
+        key = self._busiest_loader()
+        rec = self.loaders.get(key) if key is not None else None
+        return progress_info(rec.epochs if rec is not None else None, self.loss)
+
+    def _publish_progress(self) -> None:
+        """Rewrite ``hook.json`` when the epoch, the batch or the loss moved (at most every
+        :data:`PROGRESS_EVERY_S`, from the step boundary)."""
+        key = self._busiest_loader()
+        rec = self.loaders.get(key) if key is not None else None
+        shown = (key or 0, rec.epochs.epoch, rec.epochs.batch) if rec is not None else (0, 0, 0)
+        if shown != self._progress_shown or self.loss.changed:
+            self._progress_shown = shown
+            self.loss.changed = False
+            self.publish()
+
     def collective_started(self, t0: float) -> None:
         """The main thread entered a collective at ``t0`` (monotonic s)."""
         self._in_comm = True
@@ -766,6 +843,7 @@ class Hook:
                 rec = self.adopt_iterator(it)
             if rec is not None:
                 rec.batches += 1
+                rec.epochs.batch += 1
                 rec.wait_s += waited
                 if rec.batch_bytes is None:
                     rec.batch_bytes = _batch_bytes(batch, self.torch)
@@ -973,6 +1051,7 @@ class Hook:
             compile=self.compile.info,
             trial=self.trials.state if self.trials is not None else None,
             oom=self.oom.record,
+            progress=self.progress(),
         )
 
     def _rank(self) -> int | None:

@@ -114,6 +114,8 @@ class HangView:
         dump_s: wall seconds all the dumps took together (py-spy pauses each process only for its own dump).
         dumps: the dumps themselves (every thread), for the hang file.
         number: how many hangs this watch recorded, this one included (one per stall).
+        progress: where that process's training was when its clock ran out, as its hook last
+            published it: ``epoch E, batch B/N, loss X at step S`` (``""``: no hook progress).
     """
 
     state: str
@@ -132,6 +134,7 @@ class HangView:
     dump_s: float = 0.0
     dumps: tuple[ProcessDump, ...] = ()
     number: int = 1
+    progress: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``hang`` key: every field but the dumps' frames, which go to the hang file

@@ -22,6 +22,7 @@ from torchwatch.model.findings import Finding, NotApplicable, Verdict
 from torchwatch.model.hang import HangView
 from torchwatch.model.memory import MemoryView
 from torchwatch.model.peaks import FlopRate
+from torchwatch.model.progress import ProgressView
 from torchwatch.model.readings import Frame, GpuSample, SourceStatus
 from torchwatch.wire import AmpInfo, BurstResult, CompileInfo, GpuSettings, LoaderInfo, RankInfo, Refusal, TrialState
 
@@ -50,7 +51,8 @@ __all__ = [
 @dataclass(frozen=True)
 class FeatureSpec:
     """Declaration of one feature: its name, unit (``share``, ``%``, ``count``, ``bytes``, ``bytes/s``,
-    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``, ``TFLOP/s``), source (``py-spy``, ``proc``, ``psutil``, ``psi``,
+    ``CPUs``, ``steps/s``, ``ms``, ``s``, ``flag``, ``TFLOP/s``, ``number``: a plain number),
+    source (``py-spy``, ``proc``, ``psutil``, ``psi``,
     ``diskstats``, ``vmstat``, ``nvml``, ``gpm``, ``hook``, ``burst``, joined by ``+``) and what it
     measures (one line)."""
 
@@ -389,6 +391,8 @@ class RankView:
             recompile-limit hits, compile time), ``None`` before it compiled.
         flop_rate: its achieved FLOP/s and MFU from its last burst's FLOP count over its median
             step time (:func:`torchwatch.model.peaks.flop_rate`), ``None`` without a count.
+        progress: its epoch, the time left in it and its loss (:class:`ProgressView`), ``None``
+            without a hook reading that carries them (the focus rank's only).
     """
 
     rank: int
@@ -406,6 +410,7 @@ class RankView:
     rank_info: RankInfo | None = None
     compile: CompileInfo | None = None
     flop_rate: FlopRate | None = None
+    progress: ProgressView | None = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
 from torchwatch.model.hang import HangProcess, HangView
 from torchwatch.model.observation import DeviceMemory, SamplingView, SelfUsage, Straggler, VerdictChange
 from torchwatch.model.peaks import FlopRate
+from torchwatch.model.progress import ProgressView
 from torchwatch.model.readings import SourceStatus
 from torchwatch.model.text import escape
 from torchwatch.model.trials import verdict
@@ -423,6 +424,7 @@ class HangRecord:
     dump_s: float
     dumps: tuple[DumpCount, ...]
     number: int
+    progress: str = ""
 
     @classmethod
     def of(cls, view: HangView) -> HangRecord:
@@ -447,6 +449,7 @@ class HangRecord:
                 for d in view.dumps
             ),
             number=view.number,
+            progress=view.progress,
         )
 
 
@@ -531,6 +534,9 @@ class Report:
         ranks: one row per rank of a job (``()`` for one process). straggler: the rank that
             paces the job. hang: the last hang recorded. sampling: the samplers' cadence.
         trials: the live trials seen while watching, oldest first.
+        progress: the focus rank's epoch, the time left in it and its loss
+            (:class:`~torchwatch.model.progress.ProgressView`; a loss that is not finite is
+            ``null`` with ``nonfinite_step`` set); no key without a hook reading that carries them.
     """
 
     schema: str = SCHEMA
@@ -557,6 +563,7 @@ class Report:
     sampling: SamplingView
     trials: tuple[TrialState, ...] = ()
     memory: MemoryReport | None = field(default=None, metadata=OMIT_NONE)
+    progress: ProgressView | None = field(default=None, metadata=OMIT_NONE)
 
     @classmethod
     def from_json(cls, value: object) -> Report:

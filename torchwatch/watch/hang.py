@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from torchwatch.analysis import hang
+from torchwatch.analysis.progress import progress_words
 from torchwatch.model.hang import DumpedThread, HangView, ProcessDump
 from torchwatch.model.readings import HookState, Role
 from torchwatch.sources.proc import ProcessTree
@@ -47,6 +48,7 @@ class HangRecorder:
         self.detector = hang.HangDetector(hang_after)
         self._dump = dump or dump_threads
         self._ranks: dict[int, int | None] = {}  # pid -> its rank as its hook says
+        self._progress: dict[int, str] = {}  # pid -> its epoch and last loss as its hook says
         self._lock = threading.Lock()
         self._view: HangView | None = None
         self._thread: threading.Thread | None = None
@@ -59,6 +61,8 @@ class HangRecorder:
                 continue
             if r.record is not None and r.record.rank is not None:
                 self._ranks[r.pid] = r.record.rank.rank
+            if r.record is not None and r.record.progress is not None:
+                self._progress[r.pid] = progress_words(r.record.progress)
             with self._lock:
                 self.detector.add(r.pid, ((end, duration) for end, duration, _ in r.new_steps))
 
@@ -84,6 +88,7 @@ class HangRecorder:
             detected_after_s=round(fired.now - fired.last_end, 2),
             stalled_s=round(fired.now - fired.last_end, 2),
             number=self.recorded,
+            progress=self._progress.get(fired.pid, ""),
         )
         log.warning(
             "no step in PID %s for %.1f s (%s): dumping every thread", fired.pid, view.stalled_s, fired.threshold_from

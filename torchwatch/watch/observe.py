@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from torchwatch.analysis import views
+from torchwatch.analysis import progress, views
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import CATALOGUE, thread_states
 from torchwatch.analysis.store import Store
@@ -315,6 +315,7 @@ def observe(store: Store, tick: Tick, trends: Trends) -> Observation:
         rank_info=rec.rank if rec is not None else None,
         compile=rec.compile if rec is not None else None,
         flop_rate=rank_flop_rate(rec, steps.p50_ms),
+        progress=progress.progress(store.window(end - progress.KEEP_S, end, kinds=("hook",)).hook, pid, end),
     )
     ranks, focus_rank = _rank_views(store, tick, short.threads, rank)
     gpus = tuple(views.gpu_rows(long.gpus))

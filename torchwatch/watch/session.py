@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from torchwatch.analysis import progress
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import KEEP_S, Store
@@ -369,11 +370,17 @@ class Session:
             self.memwatch.update(self.store, now, focus_now)
         except Exception as exc:  # the memory forecast must not cost the tick its verdict
             self._log_analysis_error(exc)
+        extra = self.memwatch.features()
+        try:
+            hook_readings = self.store.window(end - progress.KEEP_S, end, kinds=("hook",)).hook
+            extra.update(progress.features(hook_readings, focus_now, end))
+        except Exception as exc:  # the loss's health must not cost the tick its verdict
+            self._log_analysis_error(exc)
         analysis = self.judge.evaluate(
             self.store.window(end - self.options.window_s, end),
             focus_now,
             now,
-            extra=self.memwatch.features(),
+            extra=extra,
             extra_texts=self.memwatch.texts(),
             hook_pending=self.hook.expected and self.hook.status.status is Status.STARTING,
             stacks_pending=self.pyspy.status.status is Status.STARTING,

@@ -27,7 +27,7 @@ Sections (each a module of this package, none over 400 lines):
   ``burst`` (:class:`BurstState`, :class:`BurstResult`), ``gpu`` (:class:`DeviceMemory`,
   :class:`OomRecord`, :class:`GpuSettings`), ``ranks`` (:class:`RankInfo`), ``compile``
   (:class:`CompileInfo`), ``cpus`` (:class:`ThreadSettings`, and the usable CPUs both sides read)
-  and ``trial`` (:class:`TrialState`);
+  ``trial`` (:class:`TrialState`) and ``progress`` (:class:`ProgressInfo`: epoch, batch, loss);
 - ``request``: the burst request; ``trial`` and ``settings``: the live trial's request, state,
   statistics and the settings it may change;
 - ``counters``: the ``counters`` layout and its decoder; ``counterfile``: its writer and reader;
@@ -61,6 +61,7 @@ from . import (
     gpu,
     identity,
     loader,
+    progress,
     ranks,
     records,
     request,
@@ -80,6 +81,7 @@ from .files import *
 from .gpu import *
 from .identity import *
 from .loader import *
+from .progress import *
 from .ranks import *
 from .records import *
 from .request import *
@@ -100,6 +102,7 @@ __all__ = [
     *gpu.__all__,
     *identity.__all__,
     *loader.__all__,
+    *progress.__all__,
     *ranks.__all__,
     *records.__all__,
     *request.__all__,

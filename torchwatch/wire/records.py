@@ -34,6 +34,7 @@ from .cpus import ThreadSettings
 from .gpu import MAX_DEVICES, DeviceMemory, GpuSettings, OomRecord
 from .identity import Instance
 from .loader import LoaderInfo
+from .progress import ProgressInfo
 from .ranks import MAX_SPAWNED, RankInfo
 from .trial import TrialState
 
@@ -99,6 +100,8 @@ class HookRecord:
             ``None`` before the first; added.
         compile: what ``torch.compile`` did (:class:`CompileInfo`), ``None`` before it compiled; added.
         oom: the last CUDA out-of-memory error the hook saw (:class:`OomRecord`), ``None`` before one; added.
+        progress: the epoch, the batch in it and the loss readings (:class:`ProgressInfo`),
+            ``None`` before the first batch or loss; added.
     """
 
     instance: Instance
@@ -125,6 +128,7 @@ class HookRecord:
     trial: TrialState | None = None
     compile: CompileInfo | None = None
     oom: OomRecord | None = None
+    progress: ProgressInfo | None = None
 
     @classmethod
     def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
@@ -164,6 +168,7 @@ class HookRecord:
             trial=_opt(o.d.get("trial"), f"{where}.trial", TrialState.decode),
             compile=_opt(o.d.get("compile"), f"{where}.compile", CompileInfo.decode),
             oom=_opt(o.d.get("oom"), f"{where}.oom", OomRecord.decode),
+            progress=_opt(o.d.get("progress"), f"{where}.progress", ProgressInfo.decode),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -196,4 +201,5 @@ class HookRecord:
             **({} if self.trial is None else {"trial": self.trial.to_json()}),
             **({} if self.compile is None else {"compile": self.compile.to_json()}),
             **({} if self.oom is None else {"oom": self.oom.to_json()}),
+            **({} if self.progress is None else {"progress": self.progress.to_json()}),
         }

@@ -268,8 +268,8 @@ def gpu_card_text(card: GpuRow) -> Text:
 
 
 def steps_text(obs: Observation) -> Text:
-    """The focus rank's step counters, DataLoader settings and AMP, and the storage readings; why
-    the hook's numbers are missing otherwise."""
+    """The focus rank's step counters, its epoch and loss (when the hook read them), DataLoader
+    settings and AMP, and the storage readings; why the hook's numbers are missing otherwise."""
     steps = obs.focus.steps
     text = Text()
     if steps.status is None or steps.status != "ok":
@@ -287,6 +287,12 @@ def steps_text(obs: Observation) -> Text:
         text.append("n/a" if steps.p50_ms is None else f"{steps.p50_ms:.0f} ms", style="bold")
         text.append(", p95 ", style="dim")
         text.append("n/a" if steps.p95_ms is None else f"{steps.p95_ms:.0f} ms", style="bold")
+    prog = obs.focus.progress
+    if prog is not None:
+        text.append("\n")
+        text.append(prog.epoch_words(), style="bold")
+        text.append("\n")
+        text.append(prog.loss_words(), style="bold red" if prog.nonfinite_step is not None else "bold")
     if steps.data_wait is not None:
         where = "measured in-process" if steps.data_wait_source == "hook" else "py-spy estimate"
         text.append("\ndata wait ", style="dim")

@@ -377,7 +377,8 @@ def row_key(r: StackRow) -> str:
 
 
 class StepsPanel(VerticalScroll):
-    """Steps/s, step time, data wait and the DataLoader settings (needs the hook)."""
+    """Steps/s, step time, the epoch and the loss, data wait and the DataLoader settings, the
+    steps/s, data-wait and loss trends (needs the hook)."""
 
     observation: reactive[Observation | None] = reactive(None)
 
@@ -390,6 +391,7 @@ class StepsPanel(VerticalScroll):
         yield Static(id="steps-text")
         yield Trend("steps/s", id="steps-rate")
         yield Trend("data wait %", id="steps-wait")
+        yield Trend("loss (5 s medians)", id="steps-loss")
 
     def watch_observation(self, obs: Observation | None) -> None:
         """Redraw numbers and trends."""
@@ -399,6 +401,10 @@ class StepsPanel(VerticalScroll):
         show_text(self.query_one("#steps-text", Static), render.steps_text(obs))
         self.query_one("#steps-rate", Trend).data = steps.steps_series
         self.query_one("#steps-wait", Trend).data = steps.wait_series
+        loss = self.query_one("#steps-loss", Trend)
+        series = obs.focus.progress.loss_series if obs.focus.progress is not None else ()
+        loss.display = bool(series)  # no loss read: no row (a training without one keeps its layout)
+        loss.data = series
 
 
 class BreakdownBar(Widget):

@@ -1,0 +1,60 @@
+"""Scenario loss_nan: a small CPU training whose loss turns NaN at a known step, then recovers.
+
+A linear model on a DataLoader of 50 batches an epoch (``--samples`` / 4), 0.05 s of sleep per step (the loop waits,
+it computes little). From step ``--nan-at`` on, for 10 steps, one input of the batch is NaN, so the
+loss is NaN; the loop skips the optimizer step then, as ``torch.amp.GradScaler`` skips a step whose
+gradients are not finite, and the loss is finite again afterwards. Each step prints, to stderr::
+
+    loss_nan: epoch E batch B step N loss X t T
+
+(E and B from 1, N the global step from 1, T ``time.monotonic()``), so a test can compare what torchwatch read with what
+the script printed. After the last step the script waits ``--linger`` s, then exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--nan-at", type=int, default=70)
+    parser.add_argument("--sleep", type=float, default=0.05)
+    parser.add_argument("--linger", type=float, default=3.0)
+    parser.add_argument("--samples", type=int, default=200, help="samples in the dataset (4 a batch)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(args.samples, 16), torch.randn(args.samples, 1)), batch_size=4)
+    step = 0
+    for epoch in range(1, args.epochs + 1):
+        for batch, (x, y) in enumerate(loader, 1):
+            step += 1
+            if args.nan_at <= step < args.nan_at + 10:
+                x = x.clone()
+                x[0, 0] = math.nan
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            value = loss.item()
+            if math.isfinite(value):
+                opt.step()
+            print(
+                f"loss_nan: epoch {epoch} batch {batch} step {step} loss {value!r} t {time.monotonic():.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(args.sleep)
+    time.sleep(args.linger)
+
+
+if __name__ == "__main__":
+    main()

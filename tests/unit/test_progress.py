@@ -1,0 +1,253 @@
+"""torchwatch.analysis.progress on synthetic hook readings: the epoch and its time left, the loss
+series, and the three health rules (fire / silent / not applicable) through the diagnosis,
+which never lets them change the verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from torchwatch.analysis import progress
+from torchwatch.analysis.diagnosis import Diagnoser
+from torchwatch.analysis.features import CATALOGUE, Features
+from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.analysis.store import Store
+from torchwatch.faces import report
+from torchwatch.faces.headless import status_line
+from torchwatch.faces.prometheus import ObservationCollector
+from torchwatch.model.observation import Observation, TargetView
+from torchwatch.model.readings import HookState, SourceStatus
+from torchwatch.model.report import Report
+from torchwatch.watch.observe import Tick, Trends, observe
+from torchwatch.wire import LOSS_HISTORY, HookRecord, Instance, LossSample, ProgressInfo
+
+RULES = {r.id: r for r in load_rules()}
+HEALTH = ("loss-not-finite", "loss-spike", "loss-stalled")
+PID = 4242
+HZ = 4  # the hook's loss readings per second
+
+
+def readings(
+    seconds: float,
+    loss: Callable[[int, float], float] | None,
+    epoch_len: int | None = 100,
+    steps_per_s: float = 10.0,
+    note: str = "",
+) -> list[HookState]:
+    """One ``hook.json`` read a second for ``seconds``, of a training that takes ``steps_per_s``
+    batches a second (an epoch of ``epoch_len``) and whose hook reads ``loss(step, t)`` 4 times a
+    second (``None``: no loss)."""
+    samples: list[LossSample] = []
+    first_bad: LossSample | None = None
+    out = []
+    for k in range(int(seconds * HZ) + 1):
+        t = k / HZ
+        step = int(t * steps_per_s) + 1
+        if loss is not None:
+            s = LossSample(step, t, loss(step, t))
+            samples.append(s)
+            if first_bad is None and not math.isfinite(s.value):
+                first_bad = s
+        if k % HZ:
+            continue
+        taken = step if epoch_len is None else (step - 1) % epoch_len + 1
+        epoch = 1 if epoch_len is None else (step - 1) // epoch_len + 1
+        info = ProgressInfo(epoch, taken, epoch_len, tuple(samples[-LOSS_HISTORY:]), first_bad, note)
+        record = HookRecord(Instance(PID, 1, 1), "3.12", "2.13", 0.0, 12, True, progress=info)
+        out.append(HookState(t + 0.01, PID, step, step, 0.0, 0.0, record=record))
+    return out
+
+
+def noisy(level: float, spread: float = 0.05, seed: int = 1) -> Callable[[int, float], float]:
+    rng = random.Random(seed)
+    return lambda step, t: level * (1 + spread * rng.uniform(-1, 1))
+
+
+def feats(reads: list[HookState]) -> Features:
+    f: Features = dict.fromkeys(CATALOGUE)
+    f.update({"stack_samples": 100.0, "thread_samples": 50.0})
+    f.update(progress.features(reads, PID, reads[-1].t))
+    return f
+
+
+def health(reads: list[HookState], others: Features | None = None) -> tuple[set[str], set[str], Diagnoser]:
+    """(the health findings, the health rules not applicable) after the readings held 11 s."""
+    d = Diagnoser([RULES[r] for r in HEALTH])
+    f = {**feats(reads), **(others or {})}
+    d.evaluate(f, 0.0)
+    a = d.evaluate(f, 11.0)
+    return {x.rule for x in a.findings}, {n.rule for n in a.not_applicable}, d
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+def test_the_epoch_and_its_time_left_come_from_the_batch_rate() -> None:
+    # 10 batches/s, epochs of 100: at t=25 s, epoch 3, 51 batches taken, 49 to come: 4.9 s
+    view = progress.progress(readings(25, noisy(1.0)), PID, 25.01)
+    assert view is not None
+    assert (view.epoch, view.batch, view.epoch_len) == (3, 51, 100)
+    assert view.batches_per_s == pytest.approx(10.0, rel=0.05)
+    assert view.eta_s == pytest.approx(4.9, rel=0.1)
+    assert "epoch 3 · 51/100" in view.line() and "left" in view.line()
+
+
+def test_an_unknown_length_says_so_and_gives_no_time_left() -> None:
+    view = progress.progress(readings(10, noisy(1.0), epoch_len=None), PID, 10.01)
+    assert view is not None and view.eta_s is None and view.epoch_len is None
+    assert "no length" in view.unknown and "time left unknown" in view.line()
+
+
+def test_no_loss_says_why() -> None:
+    note = "backward() with gradient=/grad_tensors: no loss is read (the tensor is not a loss)"
+    view = progress.progress(readings(5, None, note=note), PID, 5.01)
+    assert view is not None and view.loss is None and view.loss_words() == f"no loss: {note}"
+
+
+def test_the_loss_series_merges_every_reading_by_step() -> None:
+    reads = readings(30, lambda step, t: 1.0 / step)
+    view = progress.progress(reads, PID, 30.01)
+    assert view is not None and view.loss_step == 301 and view.loss == pytest.approx(1 / 301)
+    assert 6 <= len(view.loss_series) <= 7  # 5 s medians over 30 s
+    assert view.loss_series[0] > 0.02  # the first seconds' readings: only the first records hold them
+    assert view.loss_trend_per_min is not None and view.loss_trend_per_min < 0
+
+
+# -- the health rules on readings -----------------------------------------------------------------
+
+
+def test_loss_not_finite_fires_with_the_step_and_the_label_stays() -> None:
+    reads = readings(20, lambda step, t: math.nan if step >= 120 else 1.0)
+    f = feats(reads)
+    assert (f["loss_nonfinite"], f["loss_nonfinite_step"]) == (1.0, 121)  # read at 4 Hz: 12.0 s -> step 121
+    assert f["loss_last_finite_step"] == 118  # the reading before, 0.25 s earlier
+    # beside a deciding finding: the label, its confidence and its summary are those without it
+    deciding = {"data_wait_share": 0.6, "data_wait_queue_share": 0.6, "workers_running_fraction": 0.9}
+    d = Diagnoser(list(RULES.values()))
+    plain = Diagnoser(list(RULES.values()))
+    for t in (0.0, 11.0):
+        with_nan = d.evaluate({**f, **deciding}, t)
+        without = plain.evaluate({**feats(readings(20, noisy(1.0))), **deciding}, t)
+    assert "loss-not-finite" in {x.rule for x in with_nan.findings}
+    assert with_nan.verdict == without.verdict
+    assert with_nan.findings[-1].rule == "loss-not-finite"  # listed after the speed findings
+    found, _, _ = health(reads)
+    assert found == {"loss-not-finite"}
+
+
+def test_loss_not_finite_alone_leaves_the_verdict_as_without_it() -> None:
+    bad = health(readings(20, lambda step, t: math.inf if step >= 50 else 1.0))[2]._last
+    good = health(readings(20, noisy(1.0)))[2]._last
+    assert bad is not None and good is not None and bad == good
+
+
+def test_a_jump_beyond_the_spread_is_a_spike_and_noise_is_not() -> None:
+    level = noisy(1.0, 0.05)
+    spiked = readings(70, lambda step, t: 4.0 if t >= 67 else level(step, t))
+    found, _, _ = health(spiked)
+    assert found == {"loss-spike"}
+    assert feats(spiked)["loss_spike_step"] == 671
+    found, not_applicable, _ = health(readings(70, noisy(1.0, 0.3)))  # heavy noise, no jump
+    assert "loss-spike" not in found and "loss-spike" not in not_applicable
+
+
+def test_a_spike_needs_a_minute_before_it() -> None:
+    _, not_applicable, _ = health(readings(3, noisy(1.0)))
+    assert "loss-spike" in not_applicable
+
+
+def test_a_flat_loss_for_two_minutes_is_stalled_and_a_falling_one_is_not() -> None:
+    found, _, _ = health(readings(125, noisy(0.7, 0.1)))
+    assert found == {"loss-stalled"}
+    found, not_applicable, _ = health(readings(125, lambda step, t: 2.0 * math.exp(-t / 200) + noisy(0, 0)(step, t)))
+    assert "loss-stalled" not in found and "loss-stalled" not in not_applicable
+
+
+def test_stalled_is_not_said_before_two_minutes_of_loss() -> None:
+    _, not_applicable, _ = health(readings(60, noisy(0.7, 0.1)))
+    assert "loss-stalled" in not_applicable
+
+
+def test_without_a_loss_every_health_rule_is_not_applicable() -> None:
+    found, not_applicable, _ = health(readings(130, None))
+    assert found == set() and not_applicable == set(HEALTH)
+
+
+# -- the faces ------------------------------------------------------------------------------------
+
+
+def _observed(reads: list[HookState]) -> Observation:
+    """The session's Observation of ``reads`` (training PID 4242), with its analysis."""
+    store = Store()
+    store.add(reads)
+    end = reads[-1].t
+    d = Diagnoser(list(RULES.values()), why_missing=lambda name: "not read")
+    d.evaluate(feats(reads), end - 11.0)
+    tick = Tick(
+        now=end,
+        end=end,
+        started=0.0,
+        window_s=10.0,
+        analysis=d.evaluate(feats(reads), end),
+        statuses=(("hook", SourceStatus.ok()),),
+        focus_pid=PID,
+        target=TargetView(PID, ("python", "train.py")),
+    )
+    return observe(store, tick, Trends())
+
+
+def test_the_report_status_line_and_metrics_show_progress_and_loss() -> None:
+    obs = _observed(readings(25, lambda step, t: math.nan if step >= 200 else 1.0))
+    data = report.build(obs, watched_s=25.0).to_json()
+    p: dict[str, Any] = data["progress"]  # type: ignore[assignment]
+    assert (p["epoch"], p["batch"], p["epoch_len"], p["loss"], p["nonfinite_step"]) == (3, 51, 100, None, 201)
+    assert p["eta_s"] == pytest.approx(4.9, rel=0.1)
+    schema = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(data, allow_nan=False)), schema)
+    back = Report.from_json(json.loads(json.dumps(data)))
+    assert back.progress is not None and back.progress.nonfinite_step == 201
+    text = report.render_text(back)
+    assert "progress: epoch 3 · 51/100" in text and "loss not finite since step 201" in text
+    assert "loss-not-finite" in text
+    line = status_line(obs, 25.0)
+    assert "epoch 3 · 51/100" in line and "health: loss-not-finite" in line
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ObservationCollector(lambda: [obs], "node1"))
+    got = {
+        s.name: s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert got["torchwatch_epoch"] == 3 and math.isnan(got["torchwatch_loss"])
+    assert got["torchwatch_eta_seconds"] == pytest.approx(4.9, rel=0.1)
+
+
+def test_a_report_without_progress_has_no_key_and_loads() -> None:
+    obs = _observed(readings(5, None))
+    assert obs.focus.progress is not None and obs.focus.progress.loss is None  # no loss, an epoch
+    tick_less = report.build(_observed_without_hook(), watched_s=5.0).to_json()
+    assert "progress" not in tick_less and Report.from_json(tick_less).progress is None
+
+
+def _observed_without_hook() -> Observation:
+    tick = Tick(
+        now=5.0,
+        end=5.0,
+        started=0.0,
+        window_s=10.0,
+        analysis=None,
+        statuses=(),
+        focus_pid=PID,
+        target=TargetView(PID, ("python",)),
+    )
+    return observe(Store(), tick, Trends())

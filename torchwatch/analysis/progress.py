@@ -1,0 +1,254 @@
+"""Progress and loss health from the hook's readings: the epoch and its time left, the loss's
+trend, and the features the health rules read (``rules/loss-*.toml``).
+
+Pure functions of the hook readings of the last minutes (the store keeps 5): every reading of
+``hook.json`` carries the hook's last :data:`~torchwatch.wire.LOSS_HISTORY` loss readings, and
+merging them by step gives the loss series. Where each number comes from:
+
+- time left in the epoch: the batches still to come (``len(loader)`` minus the batches taken)
+  over the batches taken per second in the last :data:`RATE_S` of the same epoch;
+- the loss smoothed: medians of :data:`BUCKET_S` buckets (a minibatch loss is noisy; a median
+  ignores the odd hard batch);
+- the trend: the Theil-Sen slope of those medians over the last :data:`STALL_WINDOW_S`, with
+  its 95 % interval (Sen 1968, as the memory forecast's);
+- a spike: the largest reading of the last :data:`SPIKE_RECENT_S` against the median and the
+  robust spread (1.4826 x the median absolute deviation, Iglewicz and Hoaglin 1993) of the
+  readings of the :data:`SPIKE_BASELINE_S` before.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+from torchwatch.model.forecast import theil_sen
+from torchwatch.model.progress import ProgressView, fmt_loss
+from torchwatch.model.readings import HookState
+from torchwatch.wire import LossSample, ProgressInfo
+
+__all__ = [
+    "BUCKET_S",
+    "CATALOGUE",
+    "KEEP_S",
+    "RATE_S",
+    "SPIKE_BASELINE_S",
+    "SPIKE_MIN_BASELINE",
+    "SPIKE_RECENT_S",
+    "STALL_MIN_BUCKETS",
+    "STALL_WINDOW_S",
+    "features",
+    "progress",
+    "progress_words",
+]
+
+KEEP_S = 300.0  # minutes of readings read (the store keeps 300 s)
+RATE_S = 30.0  # the batch rate over the last 30 s of the epoch
+BUCKET_S = 5.0  # the smoothed loss: medians of 5 s
+TREND_MIN_BUCKETS = 4  # a trend needs 20 s of smoothed loss
+STALL_WINDOW_S = 120.0  # loss-stalled: no trend over the last 2 minutes
+STALL_MIN_BUCKETS = 20  # of the 24 buckets of 5 s in it (a pause of up to 20 s is allowed)
+SPIKE_RECENT_S = 5.0  # a spike: a reading of the last 5 s ...
+SPIKE_BASELINE_S = 60.0  # ... against the minute before it
+SPIKE_MIN_BASELINE = 20  # readings the baseline needs (5 s of them at the hook's 4 Hz)
+
+CATALOGUE: tuple[tuple[str, str, str, str], ...] = (
+    ("epoch", "count", "hook", "the epoch of the busiest DataLoader (iterators made over it), from 1"),
+    ("epoch_batch", "count", "hook", "batches taken in that epoch"),
+    ("epoch_len", "count", "hook", "len(loader): batches in an epoch (none for an IterableDataset without __len__)"),
+    ("epoch_batches_per_s", "number", "hook", f"batches taken per second over the last {RATE_S:g} s of the epoch"),
+    ("epoch_eta_s", "s", "hook", "time left in the epoch: batches to come over batches per second"),
+    ("loss", "number", "hook", "the last loss read (the scalar backward() was called on), NaN/inf as read"),
+    ("loss_step", "count", "hook", "the step of that reading, from 1"),
+    (
+        "loss_trend_per_min",
+        "value",
+        "hook",
+        f"Theil-Sen slope of the loss's {BUCKET_S:g} s medians over the last {STALL_WINDOW_S:g} s (from 20 s), per min",
+    ),
+    (
+        "loss_change_share",
+        "share",
+        "hook",
+        f"the loss's change over the last {STALL_WINDOW_S:g} s (slope x window) over its median, absolute; "
+        f"only with {STALL_MIN_BUCKETS} of the window's {BUCKET_S:g} s buckets",
+    ),
+    ("loss_trend_significant", "flag", "hook", "1 when the slope's 95 % interval excludes zero"),
+    ("loss_nonfinite", "flag", "hook", "1 once a loss reading was NaN or inf (0: all finite; none: no loss read)"),
+    ("loss_nonfinite_step", "count", "hook", "the step of the first NaN/inf reading"),
+    ("loss_last_finite_step", "count", "hook", "the step of the last finite reading before it (0: none)"),
+    (
+        "loss_spike_z",
+        "value",
+        "hook",
+        f"the largest reading of the last {SPIKE_RECENT_S:g} s minus the median of the {SPIKE_BASELINE_S:g} s "
+        "before, over their robust spread (1.4826 x MAD)",
+    ),
+    ("loss_spike_ratio", "number", "hook", "that largest reading over the baseline's median"),
+    ("loss_spike_step", "count", "hook", "the step of that largest reading"),
+)
+"""The features of this module (name, unit, source, meaning), added to the analysis's catalogue."""
+
+
+def _series(readings: Sequence[HookState]) -> tuple[list[LossSample], ProgressInfo | None]:
+    """The loss readings of every ``hook.json`` read, merged by step (oldest first), and the
+    last progress record."""
+    by_step: dict[int, LossSample] = {}
+    last: ProgressInfo | None = None
+    for h in readings:
+        p = h.record.progress if h.record is not None else None
+        if p is None:
+            continue
+        last = p
+        for s in p.loss:
+            by_step[s.step] = s
+    return [by_step[k] for k in sorted(by_step)], last
+
+
+def _buckets(samples: Sequence[LossSample], start: float) -> list[tuple[float, float]]:
+    """``(bucket middle, median)`` of the finite readings from ``start`` on, in :data:`BUCKET_S` buckets."""
+    groups: dict[int, list[float]] = {}
+    for s in samples:
+        if s.t >= start and math.isfinite(s.value):
+            groups.setdefault(int((s.t - start) // BUCKET_S), []).append(s.value)
+    return [(start + (k + 0.5) * BUCKET_S, statistics.median(v)) for k, v in sorted(groups.items())]
+
+
+def _rate(readings: Sequence[HookState], epoch: int | None, now: float) -> float | None:
+    """Batches per second over the last :data:`RATE_S` of ``epoch`` (``None``: under 2 s of it,
+    or no batch taken)."""
+    points = [
+        (h.t, h.record.progress.batch)
+        for h in readings
+        if h.t >= now - RATE_S
+        and h.record is not None
+        and h.record.progress is not None
+        and h.record.progress.epoch == epoch
+    ]
+    if len(points) < 2:
+        return None
+    (t0, b0), (t1, b1) = points[0], points[-1]
+    if t1 - t0 < 2.0 or b1 <= b0:
+        return None
+    return (b1 - b0) / (t1 - t0)
+
+
+def progress(readings: Sequence[HookState], pid: int | None, now: float) -> ProgressView | None:
+    """The progress of ``pid`` (``None``: of any process) from its hook readings up to ``now``
+    (monotonic s), oldest first; ``None`` when none of them carries progress."""
+    mine = [h for h in readings if (pid is None or h.pid == pid) and h.t >= now - KEEP_S]
+    samples, last = _series(mine)
+    if last is None:
+        return None
+    rate = _rate(mine, last.epoch, now)
+    eta = None
+    unknown = ""
+    if last.epoch is None:
+        unknown = "no DataLoader iterated"
+    elif last.epoch_len is None:
+        unknown = "the DataLoader has no length (an IterableDataset without __len__)"
+    elif rate is None:
+        unknown = "the batch rate is not measured yet"
+    else:
+        eta = max(0.0, last.epoch_len - last.batch) / rate
+    first_bad = last.first_nonfinite
+    last_finite = None
+    if first_bad is not None:
+        before = [s.step for s in samples if s.step < first_bad.step and math.isfinite(s.value)]
+        last_finite = before[-1] if before else 0
+    smoothed = _buckets(samples, now - KEEP_S)
+    recent = [b for b in smoothed if b[0] >= now - STALL_WINDOW_S]
+    trend = None
+    if len(recent) >= TREND_MIN_BUCKETS:
+        trend = theil_sen(recent)[0] * 60.0
+    latest = samples[-1] if samples else None
+    return ProgressView(
+        epoch=last.epoch,
+        batch=last.batch,
+        epoch_len=last.epoch_len,
+        batches_per_s=rate,
+        eta_s=eta,
+        unknown=unknown,
+        loss=latest.value if latest is not None else None,
+        loss_step=latest.step if latest is not None else None,
+        loss_series=tuple(v for _t, v in smoothed),
+        loss_trend_per_min=trend,
+        loss_note=last.loss_note,
+        nonfinite_step=first_bad.step if first_bad is not None else None,
+        last_finite_step=last_finite,
+    )
+
+
+def features(readings: Sequence[HookState], pid: int | None, now: float) -> dict[str, float | None]:
+    """Every feature of :data:`CATALOGUE` (``None`` where not known: no loss read, too few readings)."""
+    out: dict[str, float | None] = dict.fromkeys(name for name, *_ in CATALOGUE)
+    view = progress(readings, pid, now)
+    if view is None:
+        return out
+    mine = [h for h in readings if (pid is None or h.pid == pid) and h.t >= now - KEEP_S]
+    samples, _last = _series(mine)
+    out.update(
+        epoch=view.epoch,
+        epoch_batch=float(view.batch) if view.epoch is not None else None,
+        epoch_len=view.epoch_len,
+        epoch_batches_per_s=view.batches_per_s,
+        epoch_eta_s=view.eta_s,
+        loss=view.loss,
+        loss_step=view.loss_step,
+        loss_trend_per_min=view.loss_trend_per_min,
+    )
+    if not samples:
+        return out
+    out["loss_nonfinite"] = 0.0 if view.nonfinite_step is None else 1.0
+    if view.nonfinite_step is not None:
+        out["loss_nonfinite_step"] = view.nonfinite_step
+        out["loss_last_finite_step"] = view.last_finite_step
+    out.update(_stall(samples, now))
+    out.update(_spike(samples, now))
+    return out
+
+
+def _stall(samples: Sequence[LossSample], now: float) -> Mapping[str, float | None]:
+    """``loss_change_share`` and ``loss_trend_significant`` over the last :data:`STALL_WINDOW_S`."""
+    window = _buckets(samples, now - STALL_WINDOW_S)
+    if len(window) < STALL_MIN_BUCKETS:
+        return {}
+    slope, lo, hi = theil_sen(window)
+    level = abs(statistics.median(v for _t, v in window))
+    significant = 1.0 if lo > 0 or hi < 0 else 0.0
+    if level <= 0:
+        return {"loss_trend_significant": significant}
+    return {"loss_change_share": abs(slope) * STALL_WINDOW_S / level, "loss_trend_significant": significant}
+
+
+def _spike(samples: Sequence[LossSample], now: float) -> Mapping[str, float | None]:
+    """``loss_spike_z``, ``loss_spike_ratio`` and ``loss_spike_step``: the last
+    :data:`SPIKE_RECENT_S` against the :data:`SPIKE_BASELINE_S` before."""
+    cut = now - SPIKE_RECENT_S
+    recent = [s for s in samples if s.t >= cut and math.isfinite(s.value)]
+    base = [s.value for s in samples if cut - SPIKE_BASELINE_S <= s.t < cut and math.isfinite(s.value)]
+    if not recent or len(base) < SPIKE_MIN_BASELINE:
+        return {}
+    peak = max(recent, key=lambda s: s.value)
+    median = statistics.median(base)
+    spread = 1.4826 * statistics.median(abs(v - median) for v in base)
+    floor = max(1e-3 * abs(median), 1e-12)  # a constant loss: a jump of 0.1 % of it is one spread
+    out: dict[str, float | None] = {
+        "loss_spike_z": (peak.value - median) / max(spread, floor),
+        "loss_spike_step": float(peak.step),
+    }
+    if median > 0:
+        out["loss_spike_ratio"] = peak.value / median
+    return out
+
+
+def progress_words(info: ProgressInfo) -> str:
+    """One hook record's progress in words, for the hang record: ``epoch 3, batch 27/100, loss
+    0.412 at step 227`` (what of it is known; ``""`` when nothing is)."""
+    parts = []
+    if info.epoch is not None:
+        parts.append(f"epoch {info.epoch}, batch {info.batch}" + (f"/{info.epoch_len}" if info.epoch_len else ""))
+    if info.loss:
+        last = info.loss[-1]
+        parts.append(f"loss {fmt_loss(last.value)} at step {last.step}")
+    return ", ".join(parts)

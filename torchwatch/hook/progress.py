@@ -1,0 +1,173 @@
+"""The training's loss and epoch, read inside the training without adding a device sync.
+
+The loss is the scalar ``torch.autograd.backward`` is called on (``loss.backward()``), read at
+most every :data:`wire.LOSS_EVERY_S` (the backward wrapper checks one clock reading against
+:attr:`LossWatch.due` and does nothing else in between):
+
+- on the CPU, ``item()`` of the tensor (its value is computed: backward needs it);
+- on a CUDA device, a ``non_blocking`` copy into a pinned CPU scalar, with a CUDA event recorded
+  after it on the tensor's stream; the value is read at a later reading once ``event.query()``
+  says the copy is done (never ``synchronize()``, never a blocking ``item()``); while it is not
+  done no other copy is made;
+- on another device (MPS, XLA, ...): not read (a read there waits for the device), said once.
+
+With a ``GradScaler``, ``scaler.scale(loss).backward()`` reads ``loss``, not ``loss`` times the
+scale (``GradScaler.scale`` stays wrapped for that: two weak references per call). A
+``backward()`` of a tensor of more than one element, or with ``gradient=``/``grad_tensors``, or
+of several tensors, gives no loss, said once in :attr:`LossWatch.note`. With several losses each
+backward'd on its own, the one read is the first ``backward()`` call after the reading is due.
+Standard library only; torch comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import deque
+from typing import Any
+
+from .. import wire
+
+NOT_SCALAR = "backward() of a tensor with {n} elements: no loss is read (a scalar loss.backward() gives one)"
+GRADIENT = "backward() with gradient=/grad_tensors: no loss is read (the tensor is not a loss)"
+SEVERAL = "backward() of several tensors at once: no loss is read"
+OTHER_DEVICE = "the loss is on {device}: not read (reading it there would wait for the device)"
+
+
+class LossWatch:
+    """The loss readings of one training process (the main thread's ``backward()`` calls).
+
+    Attributes:
+        due: monotonic s at which the next reading may be taken (the wrapper's only check).
+        samples: the last :data:`wire.LOSS_HISTORY` readings as ``(step, t, value)``, oldest
+            first (made into :class:`wire.LossSample` only when published: cheaper per reading).
+        first_nonfinite: the first NaN/±inf reading.
+        note: why there is no loss ("" while there is one, or before the first backward).
+        changed: a reading or the note came since :meth:`taken`.
+    """
+
+    def __init__(self) -> None:
+        self.due = 0.0
+        self.samples: deque[tuple[int, float, float]] = deque(maxlen=wire.LOSS_HISTORY)
+        self.first_nonfinite: tuple[int, float, float] | None = None
+        self.note = ""
+        self.changed = False
+        self._pending: tuple[Any, Any, int, float] | None = None  # (pinned scalar, event, step, t)
+        self._pinned: Any = None
+        self._scaled: tuple[Any, Any] | None = None  # weak refs: (GradScaler.scale's result, its input)
+
+    def scaled(self, result: Any, loss: Any) -> None:
+        """``GradScaler.scale(loss)`` returned ``result`` (loss x scale): a ``result.backward()``
+        reads ``loss`` instead. Weak references: nothing of the training is kept alive."""
+        try:
+            self._scaled = (weakref.ref(result), weakref.ref(loss))
+        except TypeError:  # scale() of a list of tensors: not a loss
+            self._scaled = None
+
+    def read(self, torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any], step: int, t: float) -> bool:
+        """Take a reading of the loss ``torch.autograd.backward(*args, **kwargs)`` is called on,
+        at ``t`` (monotonic s) for ``step`` (counted from 1). Returns whether the first non-finite
+        value was just read (the caller publishes at once). Raises whatever torch raises: the
+        caller catches it, outside the user's call."""
+        self.due = t + wire.LOSS_EVERY_S
+        first_bad = self._resolve()
+        tensors = args[0] if args else kwargs.get("tensors")
+        grads = args[1] if len(args) > 1 else kwargs.get("grad_tensors")
+        if grads is not None:
+            return self._say(GRADIENT) or first_bad
+        if isinstance(tensors, (list, tuple)):
+            if len(tensors) != 1:
+                return self._say(SEVERAL) or first_bad
+            tensors = tensors[0]
+        scaled = self._scaled
+        if scaled is not None and scaled[0]() is tensors:
+            unscaled = scaled[1]()  # the loss GradScaler.scale() was given (never bool() a tensor: a sync)
+            if unscaled is not None:
+                tensors = unscaled
+        if not isinstance(tensors, torch.Tensor):
+            return first_bad
+        n = tensors.numel()
+        if n != 1:
+            return self._say(NOT_SCALAR.format(n=n)) or first_bad
+        if tensors.is_cpu:
+            return self._add(step, t, tensors.detach().item()) or first_bad
+        if not tensors.is_cuda:
+            return self._say(OTHER_DEVICE.format(device=tensors.device.type)) or first_bad
+        if self._pending is None:
+            if self._pinned is None:
+                self._pinned = torch.empty((), dtype=torch.float64, pin_memory=True)
+            stream = torch.cuda.current_stream(tensors.device)
+            with torch.cuda.stream(stream):
+                self._pinned.copy_(tensors.detach(), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            self._pending = (self._pinned, event, step, t)
+        return first_bad
+
+    def _resolve(self) -> bool:
+        """The CUDA copy of an earlier reading, when its event says it is done."""
+        pending = self._pending
+        if pending is None:
+            return False
+        pinned, event, step, t = pending
+        if not event.query():
+            return False
+        self._pending = None
+        return self._add(step, t, float(pinned.item()))  # a CPU tensor: no device sync
+
+    def _add(self, step: int, t: float, value: float) -> bool:
+        if self.note:
+            self.note = ""
+        value = float(value)
+        if math.isfinite(value) and abs(value) > wire.LOSS_MAX:
+            value = math.copysign(math.inf, value)
+        sample = (step, t, value)
+        self.samples.append(sample)
+        self.changed = True
+        if not math.isfinite(value) and self.first_nonfinite is None:
+            self.first_nonfinite = sample
+            return True
+        return False
+
+    def _say(self, note: str) -> bool:
+        if note != self.note:
+            self.note = wire.clean_text(note, wire.TEXT)
+            self.changed = True
+        return False
+
+
+class EpochWatch:
+    """The epoch of each DataLoader: its ``__iter__`` calls, the batches taken since, its length."""
+
+    __slots__ = ("batch", "epoch", "length")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.batch = 0
+        self.length: int | None = None
+
+    def started(self, loader: Any) -> None:
+        """A new iterator over ``loader``: a new epoch. ``len(loader)`` as the DataLoader gives it
+        (``None`` when it has none: an ``IterableDataset`` without ``__len__``)."""
+        self.epoch += 1
+        self.batch = 0
+        try:
+            n = len(loader)
+        except Exception:
+            n = None
+        self.length = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressInfo | None:
+    """The record ``hook.json`` carries (``None`` before an epoch or a loss reading)."""
+    if (epochs is None or not epochs.epoch) and not loss.samples and not loss.note:
+        return None
+    bad = loss.first_nonfinite
+    return wire.ProgressInfo(
+        epoch=epochs.epoch if epochs is not None and epochs.epoch else None,
+        batch=epochs.batch if epochs is not None else 0,
+        epoch_len=epochs.length if epochs is not None else None,
+        loss=tuple(wire.LossSample(s, round(t, 6), v) for s, t, v in loss.samples),
+        first_nonfinite=None if bad is None else wire.LossSample(bad[0], round(bad[1], 6), bad[2]),
+        loss_note=loss.note,
+    )

@@ -1,0 +1,112 @@
+"""The training's progress and loss as ``hook.json`` carries them (:class:`ProgressInfo`): the
+epoch of the busiest DataLoader, the batch within it and its length, and the loss that
+``backward()`` was called on, sampled a few times a second (:data:`LOSS_EVERY_S`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .base import _U63, TEXT, WireError, _number, _Obj, _type
+
+__all__ = ["LOSS_EVERY_S", "LOSS_HISTORY", "LOSS_MAX", "LossSample", "ProgressInfo"]
+
+LOSS_EVERY_S = 0.25  # the hook reads the loss at most 4 times a second
+LOSS_HISTORY = 32  # samples the hook publishes (8 s at 4 Hz; torchwatch keeps minutes of them)
+LOSS_MAX = 1e300  # a finite loss beyond this is refused as not a number the hook read
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+@dataclass(frozen=True)
+class LossSample:
+    """One reading of the loss.
+
+    Attributes:
+        step: the step the loss belongs to, counted from 1 (the hook's step count + 1 at the
+            ``backward()`` call: the same numbering as the trace's ``ProfilerStep#N``).
+        t: when ``backward()`` was called, monotonic s.
+        value: the loss as a Python float; NaN and ±inf as they were read (JSON carries them as
+            the strings ``"nan"``, ``"inf"``, ``"-inf"``).
+    """
+
+    step: int
+    t: float
+    value: float
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> LossSample:
+        """``[step, t, value]``. Raises: WireError."""
+        if not isinstance(value, list) or len(value) != 3:
+            raise WireError(f"{where}: expected [step, t, value], got {_type(value)}")
+        step, t, v = value
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= _U63:
+            raise WireError(f"{where}[0]: expected a step count")
+        if isinstance(v, str):
+            if v not in _NONFINITE:
+                raise WireError(f"{where}[2]: {v[:8]!r} is not nan, inf or -inf")
+            loss = _NONFINITE[v]
+        else:
+            loss = _number(v, -LOSS_MAX, LOSS_MAX, f"{where}[2]")
+        return cls(step, _number(t, 0.0, 1e10, f"{where}[1]"), loss)
+
+    def to_json(self) -> list[Any]:
+        """``[step, t, value]``, the value a number or ``"nan"``/``"inf"``/``"-inf"``."""
+        v = self.value
+        if math.isnan(v):
+            shown: float | str = "nan"
+        elif math.isinf(v):
+            shown = "inf" if v > 0 else "-inf"
+        else:
+            shown = v
+        return [self.step, self.t, shown]
+
+
+@dataclass(frozen=True)
+class ProgressInfo:
+    """Where the training is, as its hook sees it.
+
+    Attributes:
+        epoch: iterators made over the busiest DataLoader since the hook started (its
+            ``__iter__`` calls, persistent workers included), counted from 1; ``None`` before one.
+            Under ``attach`` the epoch running when the hook got in is not counted: the next is 1.
+        batch: batches taken from that iterator (the position in the epoch, counted from 1).
+        epoch_len: ``len(loader)`` in batches; ``None``: not known (an ``IterableDataset``
+            without ``__len__``).
+        loss: the last :data:`LOSS_HISTORY` loss readings, oldest first.
+        first_nonfinite: the first reading that was NaN or ±inf, kept for good.
+        loss_note: why there is no loss (a non-scalar ``backward()``, ``backward(gradient=...)``),
+            said once; ``""`` otherwise.
+    """
+
+    epoch: int | None = None
+    batch: int = 0
+    epoch_len: int | None = None
+    loss: tuple[LossSample, ...] = ()
+    first_nonfinite: LossSample | None = None
+    loss_note: str = ""
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> ProgressInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        first = o.d.get("first_nonfinite")
+        return cls(
+            o.integer("epoch", 0, _U63, optional=True),
+            o.integer("batch", 0, _U63, optional=True) or 0,
+            o.integer("epoch_len", 0, _U63, optional=True),
+            tuple(LossSample.decode(v, w) for v, w in o.items("loss", LOSS_HISTORY)),
+            None if first is None else LossSample.decode(first, f"{where}.first_nonfinite"),
+            o.text("loss_note", TEXT, optional=True) or "",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "epoch_len": self.epoch_len,
+            "loss": [s.to_json() for s in self.loss],
+            "first_nonfinite": None if self.first_nonfinite is None else self.first_nonfinite.to_json(),
+            "loss_note": self.loss_note,
+        }
