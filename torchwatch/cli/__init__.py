@@ -19,6 +19,7 @@ from torchwatch.model import files
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.labels import LABELS
 from torchwatch.model.text import escape
+from torchwatch.watch import caps
 
 if TYPE_CHECKING:
     from torchwatch.watch.lifecycle import StopSignals
@@ -141,13 +142,9 @@ def _positive(option: str) -> Callable[[str], float]:
 
 _duration = _positive("--duration")
 
-# serve's caps (torchwatch.cli.serve.Fleet; here, so --help needs no watch machinery). Each
-# training watched costs a session (a few threads, ~1 % of a core at the fast cadence) and a
-# py-spy process (half of that): what any user could make root spend by starting processes that
-# look like trainings is bounded by them. 16: two trainings per GPU of an 8-GPU node; 4 a user:
-# one user's look-alikes cannot take every place.
-MAX_TRAININGS = 16
-MAX_PER_USER = 4
+# serve's caps (torchwatch.watch.fleet.Fleet; in a module of their own, so --help needs no watch machinery)
+MAX_TRAININGS = caps.MAX_TRAININGS
+MAX_PER_USER = caps.MAX_PER_USER
 
 
 def _count(option: str) -> Callable[[str], int]:
