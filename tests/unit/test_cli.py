@@ -3,6 +3,7 @@ the environment variables it lists, and the version (in-process unless a closed 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -387,7 +388,7 @@ def test_version_comes_from_the_package_metadata(
     ("argv", "adaptive"), [([], True), (["--sampling", "adaptive"], True), (["--sampling", "fast"], False)]
 )
 def test_sampling_option_turns_the_adaptive_cadence_off(argv: list[str], adaptive: bool) -> None:
-    from torchwatch.cli.drive import WatchOptions
+    from torchwatch.cli.options import WatchOptions
 
     for command in (["run", *argv, "--", "python"], ["attach", *argv, "1"]):
         opts = WatchOptions.from_args(build_parser().parse_args(command))
@@ -454,3 +455,29 @@ def test_every_help_has_no_doubled_percent_and_its_own_exit_statuses(capsys: pyt
                 assert "run: the training's own exit status" not in statuses, command
                 assert ("--fail-on" in statuses) == ("--fail-on" in out.split("exit status:", 1)[0]), command
     assert set(COMMAND_EXIT_STATUS) == {c[0] for c in commands if len(c) == 1}
+
+
+def test_every_registered_command_has_its_parser_help_line_exit_statuses_and_docs() -> None:
+    """The command list (cli.COMMANDS) and the parser agree: each command has a sub-parser (and no
+    sub-parser is left without a command), its line in ``torchwatch --help``, exit statuses its
+    ``--help`` prints, and a line in the CLI reference."""
+    from torchwatch.cli import COMMAND_EXIT_STATUS, COMMANDS
+
+    parser = build_parser()
+    (subparsers,) = parser._subparsers._group_actions if parser._subparsers else []
+    assert isinstance(subparsers, argparse._SubParsersAction)
+    names = [command.name for command in COMMANDS]
+    assert len(set(names)) == len(names), names
+    assert list(subparsers.choices) == names
+    help_lines = {action.dest: action.help for action in subparsers._choices_actions}
+    top_help = parser.format_help()
+    docs = CLI_DOC.read_text() if CLI_DOC.exists() else ""
+    for command in COMMANDS:
+        assert command.help and help_lines.get(command.name) == command.help, command.name
+        assert command.help in " ".join(top_help.split()), command.name
+        rows = COMMAND_EXIT_STATUS.get(command.name)
+        assert rows and rows == command.exit_status and all(code and text for code, text in rows), command.name
+        own_help = subparsers.choices[command.name].format_help()
+        assert all(f"  {code:6s} {text}" in own_help for code, text in rows), command.name
+        if docs:
+            assert f"torchwatch {command.name}" in docs, f"{command.name} is not in docs/cli.md"

@@ -37,7 +37,6 @@ from tests.unit.test_hang import _reading, _view
 from tests.unit.test_report import analysed, features, observation
 from torchwatch.cli import configure_logging, main
 from torchwatch.cli.drive import _emit, _write_hang_file, check_trace_path
-from torchwatch.cli.serve import Fleet
 from torchwatch.faces import report
 from torchwatch.faces.headless import status_line
 from torchwatch.model.errors import TorchwatchError
@@ -46,6 +45,7 @@ from torchwatch.sources.hook import HookSource
 from torchwatch.sources.proc import TreeNode
 from torchwatch.sources.pyspy import dump_threads
 from torchwatch.watch.discover import find_trainings, loads_torch
+from torchwatch.watch.fleet import Fleet
 from torchwatch.watch.hang import HangRecorder
 from torchwatch.watch.observe import target_view
 

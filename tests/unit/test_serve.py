@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from tests.unit.test_prometheus import free_port
-from torchwatch.cli.serve import Fleet
 from torchwatch.watch.discover import find_trainings, loads_torch
+from torchwatch.watch.fleet import Fleet
 
 REPO = Path(__file__).resolve().parents[2]
 # a torch process that starts a torch child (as torchrun starts its ranks), and a Python process without torch

@@ -11,7 +11,6 @@ How a watch ends decides torchwatch's exit status (the README's "Exit status" ta
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import logging
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,6 +30,7 @@ import psutil
 
 from torchwatch.analysis.rules_engine import Rule, load_rules
 from torchwatch.cli.injecting import Injected, detach_hook, inject_hook, inject_job, job_report
+from torchwatch.cli.options import WatchOptions
 from torchwatch.faces import hang, report
 from torchwatch.faces import memory as memfaces
 from torchwatch.faces.headless import status_line
@@ -51,7 +51,7 @@ from torchwatch.watch.lifecycle import (
     stop_launched,
     terminal_delivers_interrupts,
 )
-from torchwatch.watch.session import Session, SessionOptions
+from torchwatch.watch.session import Session
 from torchwatch.watch.target import check_attachable, check_command
 
 log = logging.getLogger(__name__)
@@ -64,56 +64,6 @@ VERDICT_LAG_S = 0.05
 # The hang record holds every thread's stack of every process (file names, function names, the
 # training's own code): readable by whoever runs torchwatch only, as an ssh key is.
 HANG_FILE_MODE = 0o600
-
-
-@dataclass
-class WatchOptions:
-    """Options common to ``run`` and ``attach`` (see ``torchwatch run --help``)."""
-
-    headless: bool = False
-    duration: float | None = None
-    json_path: str | None = None
-    rules_dirs: list[Path] = field(default_factory=list)
-    window: float = 10.0
-    trace: Path | None = None
-    hook: bool = True
-    burst_at: tuple[int, ...] = ()
-    fail_on: tuple[str, ...] = ()
-    inject: bool = True
-    keep_hook: bool = False
-    hang_after: float | None = None
-    prometheus: tuple[str, int] | None = None
-    adaptive: bool = True
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> WatchOptions:
-        """Options from the parsed ``run`` / ``attach`` arguments."""
-        return cls(
-            args.headless,
-            args.duration,
-            args.json,
-            list(args.rules),
-            args.window,
-            args.trace,
-            hook=not getattr(args, "no_hook", False),
-            burst_at=tuple(getattr(args, "burst_at", None) or ()),
-            fail_on=tuple(args.fail_on or ()),
-            inject=not getattr(args, "no_inject", False),
-            keep_hook=bool(getattr(args, "keep_hook", False)),
-            hang_after=getattr(args, "hang_after", None),
-            prometheus=getattr(args, "prometheus", None),
-            adaptive=getattr(args, "sampling", "adaptive") != "fast",
-        )
-
-    def session_options(self, launched: bool = False) -> SessionOptions:
-        """The :class:`SessionOptions` these options ask for (``launched``: by ``run``)."""
-        return SessionOptions(
-            window_s=self.window,
-            trace_path=self.trace,
-            hook_expected=launched and self.hook,
-            hang_after=self.hang_after,
-            adaptive=self.adaptive,
-        )
 
 
 @dataclass(frozen=True)

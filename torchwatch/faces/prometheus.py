@@ -640,7 +640,7 @@ class ObservationCollector(Collector):
         latest: returns the latest Observations (cheap: a session's ``latest_observation``).
         host: the ``host`` label.
         origins: returns ``{training's PID: Origin}`` of the trainings watched (read once each, when
-            first watched: serve's :class:`~torchwatch.cli.serve.Fleet`); ``None``: owners unknown.
+            first watched: serve's :class:`~torchwatch.watch.fleet.Fleet`); ``None``: owners unknown.
 
     A job key refused (:func:`job_keys`) is logged once per training and key, as a warning.
     """

@@ -21,7 +21,7 @@ That is harder to fake than a file name, not impossible: a user who copies a rea
 installation's files (or builds a look-alike tree with ELF headers) and maps them, or who starts a
 real Python that imports torch, is counted; it costs them what installing torch costs. What bounds
 what a user can make ``serve`` spend (a session and a py-spy per training) is the cap on trainings
-per user and in all (:mod:`torchwatch.cli.serve`).
+per user and in all (:mod:`torchwatch.watch.fleet`).
 torchwatch itself and its ancestors are left out (its descendants are py-spy, never Python). A
 test runner or notebook that imported torch counts as the training of everything below it.
 """
