@@ -31,10 +31,10 @@ TICK = proc._CLK_TCK
 # -- CPU used by others: CpuNeighbours over a made-up /proc ---------------------------------------
 
 
-def _stat(pid: int, comm: str, ppid: int, ticks: int, start: int, nice: int = 0) -> str:
+def _stat(pid: int, comm: str, ppid: int, ticks: int, start: int) -> str:
     # fields after "(comm) ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
     # utime stime cutime cstime priority nice num_threads itrealvalue starttime
-    rest = ["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0", "0", "0", str(20 + nice), str(nice), "1", "0", str(start)]
+    rest = ["S", str(ppid)] + ["0"] * 9 + [str(ticks), "0", "0", "0", "20", "0", "1", "0", str(start)]
     return f"{pid} ({comm}) " + " ".join(rest) + " 0 0\n"
 
 
@@ -48,10 +48,10 @@ class FakeProc:
         # cpu user nice system idle iowait irq softirq steal guest guest_nice
         (self.root / "stat").write_text(f"cpu  {busy} 0 0 999999 5000 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\n")
 
-    def put(self, pid: int, comm: str, ppid: int, ticks: int, start: int = 0, nice: int = 0) -> None:
+    def put(self, pid: int, comm: str, ppid: int, ticks: int, start: int = 0) -> None:
         d = self.root / str(pid)
         d.mkdir(exist_ok=True)
-        (d / "stat").write_text(_stat(pid, comm, ppid, ticks, start, nice))
+        (d / "stat").write_text(_stat(pid, comm, ppid, ticks, start))
 
     def drop(self, pid: int) -> None:
         d = self.root / str(pid)
@@ -94,42 +94,6 @@ def test_neighbours_are_what_neither_the_training_nor_torchwatch_uses(tmp_path: 
     foreign, own, top = scan.sample(4.0, [training])
     assert foreign == pytest.approx(1.0, abs=0.03)
     assert top == ()
-
-
-@pytest.mark.parametrize(
-    ("training_nice", "hog_nice", "foreign"),
-    [
-        (0, 19, 0.0),  # in the training's background: what it left idle, not taken from it
-        (0, 10, 0.0),  # BACKGROUND_NICE above it: under 10 % of a contested CPU
-        (0, 9, 1.0),
-        (0, 0, 1.0),
-        (10, 19, 1.0),  # the training itself niced: the hog competes with it
-        (0, -5, 1.0),
-    ],
-)
-def test_a_neighbour_niced_far_below_the_training_is_not_counted_as_holding_its_cpus(
-    tmp_path: Path, training_nice: int, hog_nice: int, foreign: float
-) -> None:
-    me, training, hog = os.getpid(), 100, 200
-    fake = FakeProc(tmp_path)
-    fake.machine(0)
-    fake.put(me, "torchwatch", 1, 0)
-    fake.put(training, "python", me, 0, nice=training_nice)
-    fake.put(hog, "hog", 1, 0, nice=hog_nice)
-    scan = proc.CpuNeighbours(tmp_path)
-    scan.sample(0.0, [training])
-    second = int(2 * TICK)
-    fake.put(training, "python", me, second, nice=training_nice)
-    fake.put(hog, "hog", 1, second, nice=hog_nice)
-    fake.machine(2 * second)
-    got, _own, top = scan.sample(2.0, [training])
-    assert got == pytest.approx(foreign, abs=0.03)
-    assert [n.pid for n in top] == ([hog] if foreign else [])
-    fake.drop(hog)  # gone: a background process's last rate is not foreign either
-    fake.put(training, "python", me, 2 * second, nice=training_nice)
-    fake.machine(3 * second)
-    got, _own, _top = scan.sample(4.0, [training])
-    assert got == pytest.approx(foreign, abs=0.03)
 
 
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)

@@ -349,12 +349,6 @@ MAX_SCANNED = 16384  # processes read per scan at most (a bound on a scan's cost
 
 
 TOP_NEIGHBOURS = 3  # the busiest processes outside the training a finding names
-BACKGROUND_NICE = 10
-"""A neighbour niced this much or more above the training (``nice`` of /proc/PID/stat) runs in the
-background of it: CFS gives a task of nice +10 a weight of 110 against 1024 at nice 0
-(``sched_prio_to_weight`` in the kernel's kernel/sched/core.c; each nice step is ~1.25x), so when
-both want a CPU it gets under 10 % of it. Its CPU is what the training left idle, not CPU the
-training did not get: not counted as foreign, not named as a neighbour."""
 
 
 class CpuNeighbours:
@@ -366,9 +360,8 @@ class CpuNeighbours:
     since the previous scan (all its ticks when it started after that scan). A process seen
     before and gone now is counted at its previous rate. What no visible process explains (the
     host's processes seen from a container's PID namespace, interrupts) counts as foreign: it is
-    CPU the training did not get. A process niced :data:`BACKGROUND_NICE` or more above the
-    training's least-niced process takes only what the training leaves idle: it is neither foreign
-    nor a neighbour. Process names are the processes' own text: control characters are removed.
+    CPU the training did not get. Process names are the processes' own text: control characters
+    are removed.
 
     Args:
         proc: the proc file system (tests point it elsewhere).
@@ -379,7 +372,6 @@ class CpuNeighbours:
         self._prev: dict[int, tuple[int, int, float]] = {}  # pid -> (start, ticks, cores)
         self._prev_scan: tuple[float, int, float] | None = None  # (t, machine busy ticks, boot ticks)
         self._users: dict[int, str] = {}
-        self._background: set[int] = set()  # the previous scan's background processes
         self.latest: tuple[float | None, float | None, tuple[CpuConsumer, ...]] = (None, None, ())
         self._last_t = -math.inf
 
@@ -399,7 +391,7 @@ class CpuNeighbours:
             entries = os.listdir(self.proc)
         except OSError:
             return self.latest
-        procs: dict[int, tuple[int, int, int, str, int]] = {}  # pid -> (ppid, start, ticks, name, nice)
+        procs: dict[int, tuple[int, int, int, str]] = {}  # pid -> (ppid, start, ticks, name)
         for entry in entries[:MAX_SCANNED] if len(entries) > MAX_SCANNED else entries:
             if entry.isdigit():
                 read = self._read(int(entry))
@@ -412,7 +404,7 @@ class CpuNeighbours:
             return self.latest
         dt = now - prev_scan[0]
         cores: dict[int, float] = {}
-        for pid, (_, start, ticks, _, _) in procs.items():
+        for pid, (_, start, ticks, _) in procs.items():
             before = prev.get(pid)
             if before is not None and before[0] == start:
                 cores[pid] = max(0.0, (ticks - before[1]) / _CLK_TCK / dt)
@@ -422,17 +414,13 @@ class CpuNeighbours:
         gone = {pid: c for pid, (_, _, c) in prev.items() if pid not in procs}
         tree_pids = set(tree)
         own = self._own(procs, tree_pids)
-        # the training's priority: its least-niced process (torchwatch's own when none is visible)
-        training_nice = min((procs[p][4] for p in tree_pids if p in procs), default=os.getpriority(os.PRIO_PROCESS, 0))
-        background = {p for p, v in procs.items() if v[4] >= training_nice + BACKGROUND_NICE}
-        foreign_pids = [pid for pid in cores if pid not in tree_pids and pid not in own and pid not in background]
+        foreign_pids = [pid for pid in cores if pid not in tree_pids and pid not in own]
         visible = sum(cores.values()) + sum(gone.values())
         machine = max(0.0, (busy - prev_scan[1]) / _CLK_TCK / dt)
         unseen = max(0.0, machine - visible)
         foreign = sum(cores[p] for p in foreign_pids) + sum(
-            c for p, c in gone.items() if p not in tree_pids and p not in own and p not in self._background
+            c for p, c in gone.items() if p not in tree_pids and p not in own
         )
-        self._background = background
         top = sorted(foreign_pids, key=lambda p: -cores[p])[:TOP_NEIGHBOURS]
         neighbours = tuple(
             CpuConsumer(p, procs[p][3], self._user(p), round(cores[p], 3)) for p in top if cores[p] >= 0.01
@@ -449,7 +437,7 @@ class CpuNeighbours:
         values = [int(v) for v in fields]
         return sum(values) - values[3] - values[4]
 
-    def _read(self, pid: int) -> tuple[int, int, int, str, int] | None:
+    def _read(self, pid: int) -> tuple[int, int, int, str] | None:
         try:
             with open(self.proc / str(pid) / "stat", "rb") as f:
                 stat = f.read(1024)
@@ -459,14 +447,13 @@ class CpuNeighbours:
         fields = stat[close + 2 :].split()
         try:
             ppid, ticks, start = int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
-            nice = int(fields[16])
         except (IndexError, ValueError):
             return None
         name = stat[stat.find(b"(") + 1 : close].decode("utf-8", "replace")
-        return ppid, start, ticks, wire.clean_text(name, 16), nice
+        return ppid, start, ticks, wire.clean_text(name, 16)
 
     @staticmethod
-    def _own(procs: Mapping[int, tuple[int, int, int, str, int]], tree: set[int]) -> set[int]:
+    def _own(procs: Mapping[int, tuple[int, int, int, str]], tree: set[int]) -> set[int]:
         """torchwatch and its descendants, less the training's tree (``run`` starts the training)."""
         children: dict[int, list[int]] = {}
         for pid, p in procs.items():
