@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -140,12 +141,26 @@ second idle). Measured beside a spinning process on this shared 2-core machine: 
 docs/development.md; a fixed 12 s watch ended before the burst there (the report had none)."""
 
 
+def _burst_seen(trace: Path) -> bool:
+    """Whether an analysis of the session's ``--trace`` has a burst's features (``burst_age_s``)."""
+    try:
+        lines = trace.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            if json.loads(line).get("features", {}).get("burst_age_s") is not None:
+                return True
+    return False
+
+
 def test_burst_at_schedules_a_burst_and_fail_on_sets_the_exit_code(tmp_path: Path) -> None:
     stop = tmp_path / "stop"  # made once the burst is done: the training then ends by itself
     out = tmp_path / "r.json"
+    trace = tmp_path / "trace.jsonl"  # the session's analyses: burst_age_s once it read the burst
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchwatch", "run", "--headless", "--burst-at", "20",
-         "--fail-on", "undetermined,cpu-bound", "--json", str(out), "--",
+         "--fail-on", "undetermined,cpu-bound", "--json", str(out), "--trace", str(trace), "--",
          sys.executable, str(SMALL), "--seconds", "600", "--stop-file", str(stop)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -157,6 +172,10 @@ def test_burst_at_schedules_a_burst_and_fail_on_sets_the_exit_code(tmp_path: Pat
             rec = HookReader(pid).record()
             if rec is not None and rec.burst is not None and rec.burst.last is not None and rec.burst.state == "idle":
                 done = rec.burst.last
+            time.sleep(0.3)
+        # the hook removes its files at exit: the training ends only once torchwatch's session has
+        # read the burst (its analysis then has burst_age_s), since the report is checked below
+        while done is not None and time.monotonic() < deadline and proc.poll() is None and not _burst_seen(trace):
             time.sleep(0.3)
         stop.touch()
         _stdout, stderr = proc.communicate(timeout=120)
