@@ -112,3 +112,18 @@ def test_the_source_reads_smaps_every_few_rounds_and_forgets_gone_pids():
     assert all(r[0].limit is not None for r in rounds)
     src.close()
     src.close()
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "exited"),
+    [("S", 0x400000, False), ("R", 0x400000 | m.PF_EXITING, True), ("Z", 0x400000, True), ("D", 0x404, True)],
+)
+def test_a_process_in_do_exit_has_no_limit_reading(monkeypatch, state, flags, exited):
+    """The kernel moves an exiting task to the root cgroup before it is a zombie: a read in that
+    window (state R or D, PF_EXITING set) must give no reading, not the root group's "no limit"."""
+    stat = f"4242 (py thon) {state} 1 4242 4242 0 -1 {flags} 10 0 0 0 5 6 0 0 20 0 1 0 99 0 0\n"
+    files = {"/proc/4242/stat": stat, "/proc/4242/cgroup": "4:memory:/\n0::/\n"}
+    real = m._read
+    monkeypatch.setattr(m, "_read", lambda p: files.get(str(p), real(p) if "4242" not in str(p) else None))
+    assert m._exited(4242) is exited
+    assert (m.read_limit(4242) is None) is exited

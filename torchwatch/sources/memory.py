@@ -111,13 +111,26 @@ def _groups(pid: int) -> list[tuple[str, str]]:
     return out
 
 
+PF_EXITING = 0x4
+"""``task_struct.flags`` bit set by the kernel's ``do_exit`` (``exit_signals``) before anything else
+of the exit, ``cgroup_exit`` included (include/linux/sched.h)."""
+
+
 def _exited(pid: int) -> bool:
-    """Whether ``pid`` is a zombie or dead (``/proc/PID/stat`` state ``Z``/``X``), or gone."""
+    """Whether ``pid`` is exiting (``PF_EXITING`` in ``/proc/PID/stat``'s flags), a zombie or dead
+    (state ``Z``/``X``), or gone. Exiting counts: the kernel moves a task to the root cgroup in
+    ``do_exit`` before it is a zombie, and a read in that window named the machine's limit for a
+    container's main process killed at 400 MiB (CI, 2026-11-28)."""
     text = _read(Path(f"/proc/{pid}/stat"))
     if not text:
         return True
-    state = text[text.rfind(")") + 2 : text.rfind(")") + 3]
-    return state in ("Z", "X", "x")
+    fields = text[text.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X", "x"):
+        return True
+    try:
+        return bool(int(fields[6]) & PF_EXITING)
+    except (IndexError, ValueError):
+        return True
 
 
 def _v2_root(root: Path) -> Path | None:
