@@ -268,7 +268,7 @@ def test_sigint_to_torchwatchs_group_reaches_the_training_once(tmp_path: Path) -
 def test_ctrl_c_in_a_terminal_reaches_the_training_once(tmp_path: Path) -> None:
     """--headless in a terminal: the training shares the terminal (and torchwatch's group), so
     Ctrl-C reaches it from the terminal and torchwatch does not send it again."""
-    from tests.integration.test_tui_tmux import Tmux
+    from tests.tmux import Tmux
 
     tmux = Tmux()
     count, out = tmp_path / "count", tmp_path / "r.json"
@@ -405,7 +405,7 @@ def test_attach_to_a_training_that_started_torchwatch_watches_the_training(tmp_p
 @pytest.mark.quiet  # the cpu_bound demo's label, on the screen and in the report
 def test_tui_report_survives_its_terminal_closing(tmp_path: Path) -> None:
     """SIGHUP from a closed terminal: the TUI ends, the training is stopped, r.json is written."""
-    from tests.integration.test_tui_tmux import Tmux, descendants
+    from tests.tmux import Tmux, descendants
 
     tmux = Tmux()
     out = tmp_path / "r.json"

@@ -1,6 +1,7 @@
 """A real CPU training under ``torchwatch run --headless --json`` whose loss turns NaN at a known
 step: ``loss-not-finite`` names that step, the verdict is the one the loop earns without it, and
-the epoch, batch and loss torchwatch reports are the ones the script printed."""
+the epoch, batch and loss torchwatch reports are the ones the script printed; its epochs go through a
+``tqdm`` bar, whose total (the run's epochs) the report names."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ NAN_AT = 70
 
 def test_a_loss_that_turns_nan_is_named_with_its_step_and_the_progress_is_the_scripts(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    cmd = (sys.executable, str(SCENARIO), "--nan-at", str(NAN_AT))
+    pytest.importorskip("tqdm", reason="the scenario's bars are tqdm's")
+    cmd = (sys.executable, str(SCENARIO), "--nan-at", str(NAN_AT), "--tqdm")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     w = torchwatch(*headless_run(90, out, *cmd), json_path=out, timeout=180, env=env)
     assert w.code == 0, w.stderr[-3000:]
@@ -56,3 +58,8 @@ def test_a_loss_that_turns_nan_is_named_with_its_step_and_the_progress_is_the_sc
     assert findings[-1] in ("loss-not-finite", "loss-spike", "loss-stalled"), findings
     assert "loss" not in report["verdict"]["summary"].lower(), report["verdict"]
     assert f"progress: epoch {p['epoch']}" in w.stdout
+    # the run's total, from its tqdm bar of epochs (closed at the end of the loop: its last reading
+    # stays), and the share of it done with the bar of batches inside it
+    assert (p["bar_desc"], p["bar_total"]) == ("Epochs", 3), p
+    assert p["bar_n"] in (2, 3) and 0.9 < p["bar_share"] <= 1.0 and p["bar_eta_s"] is not None, p
+    assert 'tqdm "Epochs"' in w.stdout

@@ -7,19 +7,17 @@ Run alone with ``pytest -s tests/integration/test_tui_tmux.py`` to see the captu
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.integration.conftest import REPO
+from tests.tmux import Tmux, alive, descendants
 
 pytestmark = [
     pytest.mark.integration,
@@ -32,62 +30,6 @@ pytestmark = [
 VERDICT_WITHIN_S = 60.0
 """How long the test waits for the label on the screen: 3 x the 20 s it once had to come in (how
 soon it comes: ``bench/first_verdict.py``, the same session under ``--headless``)."""
-
-
-_ENV = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE", "COLUMNS", "LINES")}
-"""The environment for the test's own tmux server and the app in its pane. A suite run inside tmux
-would hand the outer session's ``TMUX`` to the server; and pytest-xdist's workers carry ``COLUMNS``
-and ``LINES`` of the terminal the suite was started in (200 and 50 in a 200×50 tmux window), which
-Textual (``shutil.get_terminal_size``) takes over the 80×24 pane's own size: the app drew for 200×50
-and the pane showed only its last lines, so both TUI tests failed when the suite ran in a tmux window."""
-
-
-class Tmux:
-    """A private tmux server (its own socket) with one 80×24 window."""
-
-    def __init__(self) -> None:
-        self.socket = f"torchwatch-test-{os.getpid()}-{time.monotonic_ns()}"
-
-    def __call__(self, *args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True, timeout=10, env=_ENV
-        ).stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "tw")
-
-    def history(self) -> str:
-        """The pane and the 500 lines above it (the report printed after the app is longer than
-        24 rows), wrapped lines joined."""
-        return self("capture-pane", "-p", "-J", "-S", "-500", "-t", "tw")
-
-    def wait_for(self, found: Callable[[str], bool], seconds: float, also: Callable[[], None] = lambda: None) -> str:
-        deadline = time.monotonic() + seconds
-        screen = ""
-        while time.monotonic() < deadline:
-            also()
-            screen = self.screen()
-            if found(screen):
-                return screen
-            time.sleep(0.25)
-        return screen
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10, env=_ENV)
-
-
-def descendants(pid: int) -> set[int]:
-    try:
-        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
-    except psutil.Error:
-        return set()
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_tui_in_tmux_shows_the_verdict_and_q_stops_everything(tmp_path: Path) -> None:

@@ -9,12 +9,15 @@ gradients are not finite, and the loss is finite again afterwards. Each step pri
 
 (E and B from 1, N the global step from 1, T ``time.monotonic()``), so a test can compare what torchwatch read with what
 the script printed. After the last step the script waits ``--linger`` s, then exits 0.
+``--tqdm``: the epochs and the batches of each go through ``tqdm`` bars (``Epochs``, ``batches``; drawn on
+``os.devnull``), as many scripts show their progress.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -29,14 +32,22 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.05)
     parser.add_argument("--linger", type=float, default=3.0)
     parser.add_argument("--samples", type=int, default=200, help="samples in the dataset (4 a batch)")
+    parser.add_argument("--tqdm", action="store_true", help="epochs and batches through tqdm bars")
     args = parser.parse_args()
+    epochs: object = range(1, args.epochs + 1)
+    screen = open(os.devnull, "w")  # noqa: SIM115 (open for the whole run)
+    if args.tqdm:
+        from tqdm import tqdm
+
+        epochs = tqdm(epochs, desc="Epochs", file=screen)
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(TensorDataset(torch.randn(args.samples, 16), torch.randn(args.samples, 1)), batch_size=4)
     step = 0
-    for epoch in range(1, args.epochs + 1):
-        for batch, (x, y) in enumerate(loader, 1):
+    for epoch in epochs:  # type: ignore[attr-defined]
+        batches = tqdm(loader, desc="batches", leave=False, file=screen) if args.tqdm else loader
+        for batch, (x, y) in enumerate(batches, 1):
             step += 1
             if args.nan_at <= step < args.nan_at + 10:
                 x = x.clone()

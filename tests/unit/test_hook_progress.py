@@ -197,3 +197,76 @@ def test_a_loss_on_another_device_is_not_read_and_says_so() -> None:
     watch = LossWatch()
     watch.read(torch, (t,), {}, 1, 1.0)
     assert watch.note == OTHER_DEVICE.format(device="mps") and not watch.samples and torch.copied == []
+
+
+# -- tqdm bars ----------------------------------------------------------------------------------
+
+
+def test_the_live_tqdm_bars_are_read_outermost_first_and_a_closed_one_is_gone() -> None:
+    tqdm = pytest.importorskip("tqdm").tqdm
+    from torchwatch.hook.progress import read_bars
+
+    with open("/dev/null", "w") as screen:
+        epochs = tqdm(total=5, desc="Epochs", file=screen)
+        epochs.update(2)
+        batches = tqdm(total=50, desc="batches: ", leave=False, file=screen)
+        batches.update(25)
+        try:
+            got = read_bars(now_wall=epochs.start_t + 30.0)
+            assert [(b.desc, b.n, b.total, b.pos) for b in got] == [("Epochs", 2, 5, 0), ("batches", 25, 50, 1)]
+            assert got[0].elapsed_s == pytest.approx(30.0, abs=1e-3)
+            batches.close()
+            assert [b.desc for b in read_bars()] == ["Epochs"]
+        finally:
+            batches.close()
+            epochs.close()
+    assert all(b.desc not in ("Epochs", "batches") for b in read_bars())
+
+
+def test_a_bar_with_attributes_that_are_not_tqdms_is_skipped_and_nothing_of_it_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only ``__dict__`` entries are read: a property or ``__getattribute__`` of the user's
+    subclass never runs, a value that is not a count is skipped, and a description is cleaned."""
+    tqdm = pytest.importorskip("tqdm").tqdm
+    from torchwatch.hook.progress import read_bars
+
+    ran: list[str] = []
+
+    class Loud(tqdm):  # type: ignore[misc]
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("n", "total", "desc", "start_t", "pos"):
+                ran.append(name)
+            return super().__getattribute__(name)
+
+    with open("/dev/null", "w") as screen:
+        bars = [Loud(total=10, desc="ok\x1b[2J\n", file=screen), tqdm(total=10, file=screen), tqdm(file=screen)]
+        try:
+            vars(bars[1])["n"] = "three"  # not a count: skipped
+            vars(bars[2])["total"] = math.inf  # no total
+            ran.clear()
+            got = read_bars()
+            assert ran == []
+            assert [(b.desc, b.total) for b in got] == [("ok[2J", 10), ("", None)]
+        finally:
+            vars(bars[1])["n"], vars(bars[2])["total"] = 0, None  # tqdm's own close() reads them
+            for b in bars:
+                b.close()
+    monkeypatch.delitem(sys.modules, "tqdm.std")
+    assert read_bars() == ()  # tqdm never imported: nothing to read
+
+
+def test_bars_round_trip_and_bad_bars_are_refused() -> None:
+    bars = (wire.BarInfo(2.0, 5.0, "Epochs", 30.5, 0), wire.BarInfo(25.0, None, "", 1.0, 1))
+    info = wire.ProgressInfo(bars=bars)
+    assert wire.ProgressInfo.decode(json.loads(json.dumps(info.to_json())), "p").bars == bars
+    for bad in (
+        {"n": -1, "elapsed_s": 1.0},
+        {"n": 1, "total": 1e16, "elapsed_s": 1.0},
+        {"n": 1, "desc": "x" * (wire.BAR_DESC + 1), "elapsed_s": 1.0},
+        {"n": 1},
+    ):
+        with pytest.raises(wire.WireError):
+            wire.ProgressInfo.decode({"bars": [bad]}, "p")
+    with pytest.raises(wire.WireError):
+        wire.ProgressInfo.decode({"bars": [bars[0].to_json()] * (wire.BARS_MAX + 1)}, "p")

@@ -251,3 +251,92 @@ def _observed_without_hook() -> Observation:
         target=TargetView(PID, ("python",)),
     )
     return observe(Store(), tick, Trends())
+
+
+# -- tqdm bars ----------------------------------------------------------------------------------
+
+
+def _with_bars(reads: list[HookState], bars: tuple[Any, ...]) -> list[HookState]:
+    from dataclasses import replace
+
+    last = reads[-1]
+    assert last.record is not None and last.record.progress is not None
+    record = replace(last.record, progress=replace(last.record.progress, bars=bars))
+    return [*reads[:-1], replace(last, record=record)]
+
+
+def test_the_outermost_bar_gives_the_runs_share_with_the_bar_inside_it() -> None:
+    from torchwatch.wire import BarInfo
+
+    epochs, batches = BarInfo(2.0, 5.0, "Epochs", 100.0, 0), BarInfo(25.0, 50.0, "batches", 20.0, 1)
+    got = progress.bar_progress((epochs, batches))
+    assert got is not None and got[0] == epochs
+    assert got[1] == pytest.approx(0.5) and got[2] == pytest.approx(100.0)  # 2.5 of 5 epochs in 100 s
+    fresh = BarInfo(0.0, 5.0, "Epochs", 3.0, 0)
+    assert progress.bar_progress((fresh,)) == (fresh, 0.0, None)  # nothing done: no pace, no time left
+    assert progress.bar_progress((BarInfo(7.0, None, "it", 3.0, 0),)) is None  # no total: nothing to say
+    done = progress.bar_progress((BarInfo(5.0, 5.0, "Epochs", 90.0, 0), batches))
+    assert done is not None and done[1:] == (1.0, 0.0)  # an ended outer bar: its inner bar adds nothing
+
+
+def test_the_view_names_the_bar_and_keeps_it_once_closed() -> None:
+    from torchwatch.wire import BarInfo
+
+    reads = readings(20, noisy(1.0))
+    shown = _with_bars(reads[:-1], (BarInfo(3.0, 10.0, "Epochs", 60.0, 0),)) + reads[-1:]  # closed at the end
+    view = progress.progress(shown, PID, shown[-1].t)
+    assert view is not None
+    assert (view.bar_desc, view.bar_n, view.bar_total, view.bar_eta_s) == ("Epochs", 3.0, 10.0, pytest.approx(140.0))
+    assert view.bar_words() == 'tqdm "Epochs" 3/10 · 2 min 20 s left'
+    assert 'tqdm "Epochs" 3/10' in view.line()
+    plain = progress.progress(reads, PID, reads[-1].t)
+    assert plain is not None and plain.bar_total is None and plain.bar_words() == "" and "tqdm" not in plain.line()
+
+
+def test_the_bars_time_left_is_at_its_recent_pace_not_a_slow_starts() -> None:
+    """2 epochs of 10 in the bar's first 100 s (a slow start), then 1 every 20 s: 7 epochs to go
+    take 140 s at the recent pace (the average since the start would say 280 s)."""
+    from dataclasses import replace
+
+    from torchwatch.wire import BarInfo
+
+    shown = []
+    for h in readings(20, noisy(1.0)):
+        x = 2.0 + (h.t - 0.01) / 20.0  # epochs done
+        bars = (BarInfo(float(int(x)), 10.0, "Epochs", 100.0 + h.t, 0), BarInfo(round(x % 1 * 100), 100.0, "", 1.0, 1))
+        assert h.record is not None and h.record.progress is not None
+        shown.append(replace(h, record=replace(h.record, progress=replace(h.record.progress, bars=bars))))
+    view = progress.progress(shown, PID, shown[-1].t)
+    assert view is not None and view.bar_share == pytest.approx(0.3)
+    assert view.bar_eta_s == pytest.approx(140.0, rel=0.02)
+    view = progress.progress(shown[-1:], PID, shown[-1].t)
+    assert view is not None and view.bar_eta_s == pytest.approx(120.0 * 0.7 / 0.3, rel=1e-3)  # one reading: average
+    moved = [replace(h, t=h.t + 5.0 * (h is shown[-1])) for h in shown]  # the last bar started 5 s later: another
+    view = progress.progress(moved, PID, moved[-1].t)
+    assert view is not None and view.bar_eta_s == pytest.approx(120.0 * 0.7 / 0.3, rel=1e-3)
+
+
+def test_the_report_status_line_and_metrics_show_the_bar() -> None:
+    from torchwatch.wire import BarInfo
+
+    reads = _with_bars(readings(25, noisy(1.0)), (BarInfo(4.0, 10.0, "Epochs", 50.0, 0),))
+    obs = _observed(reads)
+    data = report.build(obs, watched_s=25.0).to_json()
+    p: dict[str, Any] = data["progress"]  # type: ignore[assignment]
+    assert (p["bar_desc"], p["bar_n"], p["bar_total"], p["bar_share"]) == ("Epochs", 4, 10, 0.4)
+    assert p["bar_eta_s"] == pytest.approx(75.0, rel=1e-3)
+    schema = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(data, allow_nan=False)), schema)
+    back = Report.from_json(json.loads(json.dumps(data)))
+    assert back.progress is not None and back.progress.bar_total == 10
+    assert 'tqdm "Epochs" 4/10 · 1 min 15 s left' in report.render_text(back)
+    assert 'tqdm "Epochs" 4/10' in status_line(obs, 25.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ObservationCollector(lambda: [obs], "node1"))
+    got = {
+        s.name: s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert got["torchwatch_progress_bar_done_ratio"] == pytest.approx(0.4)
+    assert got["torchwatch_progress_bar_eta_seconds"] == pytest.approx(75.0, rel=1e-3)

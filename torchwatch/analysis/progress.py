@@ -7,6 +7,11 @@ merging them by step gives the loss series. Where each number comes from:
 
 - time left in the epoch: the batches still to come (``len(loader)`` minus the batches taken)
   over the batches taken per second in the last :data:`RATE_S` of the same epoch;
+- time left on the training's outermost ``tqdm`` bar (:func:`bar_progress`): the share still
+  to do (its ``n`` over its ``total``, plus the share of the bar nested in it, where one is) over
+  the share done per second in the last :data:`RATE_S` (as the epoch's); where the share did
+  not move in that window (a bar of long epochs with no bar inside it), at the average pace
+  since the bar started, tqdm's "average" estimate;
 - the loss smoothed: medians of :data:`BUCKET_S` buckets (a minibatch loss is noisy; a median
   ignores the odd hard batch);
 - the trend: the Theil-Sen slope of those medians over the last :data:`STALL_WINDOW_S`, with
@@ -25,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from torchwatch.model.forecast import theil_sen
 from torchwatch.model.progress import ProgressView, fmt_loss
 from torchwatch.model.readings import HookState
-from torchwatch.wire import LossSample, ProgressInfo
+from torchwatch.wire import BarInfo, LossSample, ProgressInfo
 
 __all__ = [
     "BUCKET_S",
@@ -37,6 +42,7 @@ __all__ = [
     "SPIKE_RECENT_S",
     "STALL_MIN_BUCKETS",
     "STALL_WINDOW_S",
+    "bar_progress",
     "features",
     "progress",
     "progress_words",
@@ -133,6 +139,65 @@ def _rate(readings: Sequence[HookState], epoch: int | None, now: float) -> float
     return (b1 - b0) / (t1 - t0)
 
 
+def _last_bars(readings: Sequence[HookState]) -> tuple[float, tuple[BarInfo, ...]]:
+    """The bars of the last reading that had any, and that reading's time (monotonic s); a bar
+    closed at the end of its loop stays shown. ``(0.0, ())`` when none had a bar."""
+    for h in reversed(readings):
+        p = h.record.progress if h.record is not None else None
+        if p is not None and p.bars:
+            return h.t, p.bars
+    return 0.0, ()
+
+
+def _bar_rate(readings: Sequence[HookState], outer: BarInfo, start: float, now: float) -> float | None:
+    """The share of ``outer`` done per second over the last :data:`RATE_S` of readings of the
+    same bar (its description and total, and its ``start``, monotonic s: a reading's time minus
+    the bar's elapsed, within 1 s); ``None``: under 2 s of them, or the share did not move."""
+    points: list[tuple[float, float]] = []
+    for h in readings:
+        p = h.record.progress if h.record is not None else None
+        if h.t < now - RATE_S or p is None or not p.bars:
+            continue
+        got = bar_progress(p.bars)
+        if got is None:
+            continue
+        bar, share, _eta = got
+        same = (bar.desc, bar.total) == (outer.desc, outer.total)
+        if same and abs((h.t - bar.elapsed_s) - start) < 1.0:
+            points.append((h.t, share))
+    if len(points) < 2:
+        return None
+    (t0, s0), (t1, s1) = points[0], points[-1]
+    if t1 - t0 < 2.0 or s1 <= s0:
+        return None
+    return (s1 - s0) / (t1 - t0)
+
+
+def bar_progress(bars: Sequence[BarInfo]) -> tuple[BarInfo, float, float | None] | None:
+    """The outermost ``tqdm`` bar with a total, the share of it done (0-1) and the time left
+    on it in s; ``None`` when no bar has a total.
+
+    The bars of the last reading that had any: a bar closed at the end of a loop (its script
+    then saves and exits) stays shown at its last reading, as tqdm leaves it on the screen.
+    The share: ``n / total``, plus ``n / total`` of the next bar in (a bar of batches inside a
+    bar of epochs) over the outer ``total``, where that bar has a total and the outer bar has
+    not ended. The time left: ``elapsed x (1 - share) / share`` (``None`` before any share is
+    done: no pace yet).
+    """
+    with_total = [b for b in bars if b.total]
+    if not with_total:
+        return None
+    outer = with_total[0]
+    total = outer.total or 1.0
+    share = min(1.0, outer.n / total)
+    inner = next((b for b in with_total[1:] if b.pos > outer.pos), None)
+    if inner is not None and inner.total and outer.n < total:
+        share = min(1.0, (outer.n + min(1.0, inner.n / inner.total)) / total)
+    if share <= 0.0:
+        return outer, share, None
+    return outer, share, outer.elapsed_s * (1.0 - share) / share
+
+
 def progress(readings: Sequence[HookState], pid: int | None, now: float) -> ProgressView | None:
     """The progress of ``pid`` (``None``: of any process) from its hook readings up to ``now``
     (monotonic s), oldest first; ``None`` when none of them carries progress."""
@@ -162,6 +227,12 @@ def progress(readings: Sequence[HookState], pid: int | None, now: float) -> Prog
     if len(recent) >= TREND_MIN_BUCKETS:
         trend = theil_sen(recent)[0] * 60.0
     latest = samples[-1] if samples else None
+    seen, bars = _last_bars(mine)
+    bar = bar_progress(bars)
+    if bar is not None:
+        pace = _bar_rate(mine, bar[0], seen - bar[0].elapsed_s, now)
+        if pace is not None:
+            bar = (bar[0], bar[1], max(0.0, 1.0 - bar[1]) / pace)
     return ProgressView(
         epoch=last.epoch,
         batch=last.batch,
@@ -176,6 +247,11 @@ def progress(readings: Sequence[HookState], pid: int | None, now: float) -> Prog
         loss_note=last.loss_note,
         nonfinite_step=first_bad.step if first_bad is not None else None,
         last_finite_step=last_finite,
+        bar_desc=bar[0].desc if bar is not None else "",
+        bar_n=bar[0].n if bar is not None else None,
+        bar_total=bar[0].total if bar is not None else None,
+        bar_share=bar[1] if bar is not None else None,
+        bar_eta_s=bar[2] if bar is not None else None,
     )
 
 

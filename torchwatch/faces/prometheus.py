@@ -348,6 +348,18 @@ def _rank_metrics(
                 "30 s; no sample when the epoch's length or the rate is not known",
                 prog.eta_s,
             )
+            gauge(
+                "progress_bar_done_ratio",
+                "the share done of the rank's outermost tqdm bar with a total (its n over its total, with "
+                "the bar nested in it), 0-1",
+                prog.bar_share,
+            )
+            gauge(
+                "progress_bar_eta_seconds",
+                "time left on that tqdm bar at its pace of the last 30 s (the run's time left where the bar "
+                "counts epochs or the run's steps)",
+                prog.bar_eta_s,
+            )
         verdict = view.verdict
         if verdict is not None and (len(o.ranks) > 1 or labels[-1] not in ("", "1")):
             top = view.findings[0].rule if view.findings else ""

@@ -16,12 +16,19 @@ scale (``GradScaler.scale`` stays wrapped for that: two weak references per call
 ``backward()`` of a tensor of more than one element, or with ``gradient=``/``grad_tensors``, or
 of several tensors, gives no loss, said once in :attr:`LossWatch.note`. With several losses each
 backward'd on its own, the one read is the first ``backward()`` call after the reading is due.
+The live ``tqdm`` bars of the training (:func:`read_bars`) are read when ``hook.json`` is
+written: their own attributes (``n``, ``total``, ``desc``, ``start_t``, ``pos``) from each bar's
+``__dict__``, no tqdm lock taken, no method of a bar called. Trainers that draw their bars with
+tqdm (the HF ``Trainer``'s run bar, Lightning's epoch bar, ``tqdm(range(epochs))`` in a script)
+so give the totals the hook cannot see otherwise.
 Standard library only; torch comes in as an argument.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -158,9 +165,62 @@ class EpochWatch:
         self.length = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
+BARS_SCANNED = 64  # live bars looked at, at most (a leak of unclosed bars must not cost more)
+
+
+def _count(value: object) -> float | None:
+    """A bar's ``n`` or ``total`` as a float in the wire's range (``None``: not a count)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) and 0.0 <= v <= wire.BAR_MAX_COUNT else None
+
+
+def read_bars(now_wall: float | None = None) -> tuple[wire.BarInfo, ...]:
+    """The training's live ``tqdm`` bars, outermost first (by ``pos``, then the oldest), at
+    most :data:`wire.BARS_MAX`; ``()`` when ``tqdm`` was never imported.
+
+    Only attributes are read, from each bar's ``__dict__`` (no property, no lock, no method of
+    the user's object runs); a bar whose attributes are not tqdm's is skipped. ``now_wall``:
+    ``time.time()`` (tqdm's clock for ``start_t``). Never raises.
+    """
+    std = sys.modules.get("tqdm.std")
+    cls = getattr(std, "tqdm", None) if std is not None else None
+    try:
+        live = list(vars(cls).get("_instances", ()))[:BARS_SCANNED] if cls is not None else []
+    except Exception:  # the WeakSet changed while copied (another thread made a bar): next time
+        return ()
+    now = time.time() if now_wall is None else now_wall
+    found: list[tuple[int, float, wire.BarInfo]] = []
+    for bar in live:
+        try:
+            d = object.__getattribute__(bar, "__dict__")
+            n, start, pos, desc = _count(d.get("n")), d.get("start_t"), d.get("pos", 0), d.get("desc", "")
+            total = d.get("total")
+            if n is None or isinstance(start, bool) or not isinstance(start, (int, float)):
+                continue
+            if total is not None and _count(total) is None:
+                total = None
+            where = abs(pos) if isinstance(pos, int) and not isinstance(pos, bool) else 0
+            text = wire.clean_text(desc, wire.BAR_DESC).strip().rstrip(":") if isinstance(desc, str) else ""
+            info = wire.BarInfo(
+                n=n,
+                total=_count(total),
+                desc=text,
+                elapsed_s=round(min(max(0.0, now - float(start)), 1e9), 3),
+                pos=min(where, 1 << 16),
+            )
+            found.append((info.pos, float(start), info))
+        except Exception:
+            continue
+    found.sort(key=lambda x: (x[0], x[1]))
+    return tuple(info for _p, _s, info in found[: wire.BARS_MAX])
+
+
 def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressInfo | None:
-    """The record ``hook.json`` carries (``None`` before an epoch or a loss reading)."""
-    if (epochs is None or not epochs.epoch) and not loss.samples and not loss.note:
+    """The record ``hook.json`` carries (``None`` before an epoch, a loss reading or a bar)."""
+    bars = read_bars()
+    if (epochs is None or not epochs.epoch) and not loss.samples and not loss.note and not bars:
         return None
     bad = loss.first_nonfinite
     return wire.ProgressInfo(
@@ -170,4 +230,5 @@ def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressIn
         loss=tuple(wire.LossSample(s, round(t, 6), v) for s, t, v in loss.samples),
         first_nonfinite=None if bad is None else wire.LossSample(bad[0], round(bad[1], 6), bad[2]),
         loss_note=loss.note,
+        bars=bars,
     )

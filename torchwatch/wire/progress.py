@@ -10,11 +10,24 @@ from typing import Any
 
 from .base import _U63, TEXT, WireError, _number, _Obj, _type
 
-__all__ = ["LOSS_EVERY_S", "LOSS_HISTORY", "LOSS_MAX", "LossSample", "ProgressInfo"]
+__all__ = [
+    "BARS_MAX",
+    "BAR_DESC",
+    "BAR_MAX_COUNT",
+    "LOSS_EVERY_S",
+    "LOSS_HISTORY",
+    "LOSS_MAX",
+    "BarInfo",
+    "LossSample",
+    "ProgressInfo",
+]
 
 LOSS_EVERY_S = 0.25  # the hook reads the loss at most 4 times a second
 LOSS_HISTORY = 32  # samples the hook publishes (8 s at 4 Hz; torchwatch keeps minutes of them)
 LOSS_MAX = 1e300  # a finite loss beyond this is refused as not a number the hook read
+BARS_MAX = 4  # tqdm bars published (outermost first): an epoch bar, a batch bar, an eval bar, one more
+BAR_DESC = 80  # characters of a bar's description kept
+BAR_MAX_COUNT = 1e15  # a bar's n or total beyond this is refused
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -63,6 +76,42 @@ class LossSample:
 
 
 @dataclass(frozen=True)
+class BarInfo:
+    """One live ``tqdm`` progress bar of the training, as the hook read it (its own attributes,
+    nothing computed).
+
+    Attributes:
+        n: iterations done (``bar.n``; a float where the bar counts bytes or scaled units).
+        total: iterations the bar expects (``bar.total``); ``None``: the bar has no total.
+        desc: the bar's description (``bar.desc``, at most :data:`BAR_DESC` characters).
+        elapsed_s: s since the bar started (``time.time() - bar.start_t``).
+        pos: the bar's position (0: the outermost; nested bars count up).
+    """
+
+    n: float
+    total: float | None
+    desc: str
+    elapsed_s: float
+    pos: int = 0
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> BarInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            o.number("n", 0.0, BAR_MAX_COUNT),
+            o.number("total", 0.0, BAR_MAX_COUNT, optional=True),
+            o.text("desc", BAR_DESC, optional=True) or "",
+            o.number("elapsed_s", 0.0, 1e9),
+            o.integer("pos", 0, 1 << 16, optional=True) or 0,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {"n": self.n, "total": self.total, "desc": self.desc, "elapsed_s": self.elapsed_s, "pos": self.pos}
+
+
+@dataclass(frozen=True)
 class ProgressInfo:
     """Where the training is, as its hook sees it.
 
@@ -77,6 +126,8 @@ class ProgressInfo:
         first_nonfinite: the first reading that was NaN or ±inf, kept for good.
         loss_note: why there is no loss (a non-scalar ``backward()``, ``backward(gradient=...)``),
             said once; ``""`` otherwise.
+        bars: the training's live ``tqdm`` bars, outermost first, at most :data:`BARS_MAX`
+            (what the script shows its user: the run's total where a bar counts it).
     """
 
     epoch: int | None = None
@@ -85,6 +136,7 @@ class ProgressInfo:
     loss: tuple[LossSample, ...] = ()
     first_nonfinite: LossSample | None = None
     loss_note: str = ""
+    bars: tuple[BarInfo, ...] = ()
 
     @classmethod
     def decode(cls, value: object, where: str) -> ProgressInfo:
@@ -98,6 +150,7 @@ class ProgressInfo:
             tuple(LossSample.decode(v, w) for v, w in o.items("loss", LOSS_HISTORY)),
             None if first is None else LossSample.decode(first, f"{where}.first_nonfinite"),
             o.text("loss_note", TEXT, optional=True) or "",
+            tuple(BarInfo.decode(v, w) for v, w in o.items("bars", BARS_MAX)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -109,4 +162,5 @@ class ProgressInfo:
             "loss": [s.to_json() for s in self.loss],
             "first_nonfinite": None if self.first_nonfinite is None else self.first_nonfinite.to_json(),
             "loss_note": self.loss_note,
+            "bars": [b.to_json() for b in self.bars],
         }

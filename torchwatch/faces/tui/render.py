@@ -6,6 +6,7 @@ out (``MiB``, ``ms``, ``W``, ``%``: :mod:`torchwatch.model.units`) and a missing
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from rich.markup import escape as escape_markup
@@ -267,6 +268,27 @@ def gpu_card_text(card: GpuRow) -> Text:
     return text
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+LOSS_CELLS = 24
+"""Cells of the loss's sparkline on its line: the last 2 minutes of 5 s medians (the trend's window),
+which fit beside the loss's words at 80 columns; the Steps panel's full loss row is below it, off an
+80×24 screen."""
+
+
+def sparkline(values: Sequence[float]) -> str:
+    """One character per value, from the lowest (``▁``) to the highest (``█``) shown; ``""`` for
+    fewer than 2 finite values; a value that is not finite is a space."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2:
+        return ""
+    lo, hi = min(finite), max(finite)
+    span = hi - lo
+    top = len(SPARKS) - 1
+    return "".join(
+        " " if not math.isfinite(v) else SPARKS[round((v - lo) / span * top) if span > 0 else 0] for v in values
+    )
+
+
 def steps_text(obs: Observation) -> Text:
     """The focus rank's step counters, its epoch and loss (when the hook read them), DataLoader
     settings and AMP, and the storage readings; why the hook's numbers are missing otherwise."""
@@ -291,8 +313,13 @@ def steps_text(obs: Observation) -> Text:
     if prog is not None:
         text.append("\n")
         text.append(prog.epoch_words(), style="bold")
+        if bar := prog.bar_words():
+            text.append("\n")
+            text.append(bar, style="bold")
         text.append("\n")
         text.append(prog.loss_words(), style="bold red" if prog.nonfinite_step is not None else "bold")
+        if spark := sparkline(prog.loss_series[-LOSS_CELLS:]):
+            text.append(f"  {spark}", style="cyan")
     if steps.data_wait is not None:
         where = "measured in-process" if steps.data_wait_source == "hook" else "py-spy estimate"
         text.append("\ndata wait ", style="dim")
