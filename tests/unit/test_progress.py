@@ -286,8 +286,9 @@ def test_the_view_names_the_bar_and_keeps_it_once_closed() -> None:
     shown = _with_bars(reads[:-1], (BarInfo(3.0, 10.0, "Epochs", 60.0, 0),)) + reads[-1:]  # closed at the end
     view = progress.progress(shown, PID, shown[-1].t)
     assert view is not None
-    assert (view.bar_desc, view.bar_n, view.bar_total, view.bar_eta_s) == ("Epochs", 3.0, 10.0, pytest.approx(140.0))
-    assert view.bar_words() == 'tqdm "Epochs" 3/10 · 2 min 20 s left'
+    # 140 s left when the record was made, a second before now
+    assert (view.bar_desc, view.bar_n, view.bar_total, view.bar_eta_s) == ("Epochs", 3.0, 10.0, pytest.approx(139.0))
+    assert view.bar_words() == 'tqdm "Epochs" 3/10 · 2 min 19 s left'
     assert 'tqdm "Epochs" 3/10' in view.line()
     plain = progress.progress(reads, PID, reads[-1].t)
     assert plain is not None and plain.bar_total is None and plain.bar_words() == "" and "tqdm" not in plain.line()
@@ -340,3 +341,22 @@ def test_the_report_status_line_and_metrics_show_the_bar() -> None:
     }
     assert got["torchwatch_progress_bar_done_ratio"] == pytest.approx(0.4)
     assert got["torchwatch_progress_bar_eta_seconds"] == pytest.approx(75.0, rel=1e-3)
+
+
+def test_the_epochs_time_left_is_as_of_now_not_of_the_hooks_last_record() -> None:
+    """The hook rewrites its progress every 2 s at most: a record made 1.5 s before torchwatch read
+    it leaves 1.5 s less than its batch says (the record says when it was made)."""
+    from dataclasses import replace
+
+    reads = readings(12, noisy(1.0))
+    fresh = progress.progress(reads, PID, reads[-1].t)
+    made = []
+    for h in reads:
+        assert h.record is not None and h.record.progress is not None
+        made.append(replace(h, record=replace(h.record, progress=replace(h.record.progress, at=h.t - 1.5))))
+    late = progress.progress(made, PID, made[-1].t)
+    assert fresh is not None and late is not None and fresh.eta_s is not None and late.eta_s is not None
+    assert late.eta_s == pytest.approx(fresh.eta_s - 1.5, abs=1e-6)
+    foreign = [replace(h, record=replace(h.record, progress=replace(h.record.progress, at=h.t + 1e6))) for h in made]
+    other = progress.progress(foreign, PID, foreign[-1].t)  # not on torchwatch's clock: the read's time
+    assert other is not None and other.eta_s == pytest.approx(fresh.eta_s, abs=1e-6)

@@ -64,6 +64,19 @@ CATALOGUE: tuple[tuple[str, str, str, str], ...] = (
     ("epoch_len", "count", "hook", "len(loader): batches in an epoch (none for an IterableDataset without __len__)"),
     ("epoch_batches_per_s", "number", "hook", f"batches taken per second over the last {RATE_S:g} s of the epoch"),
     ("epoch_eta_s", "s", "hook", "time left in the epoch: batches to come over batches per second"),
+    (
+        "bar_share",
+        "share",
+        "hook",
+        "the share done of the training's outermost tqdm bar with a total (n/total, with the bar nested in it)",
+    ),
+    (
+        "bar_eta_s",
+        "s",
+        "hook",
+        f"time left on that bar: the share to do over the share done per second in the last {RATE_S:g} s "
+        "(else its average pace since it started)",
+    ),
     ("loss", "number", "hook", "the last loss read (the scalar backward() was called on), NaN/inf as read"),
     ("loss_step", "count", "hook", "the step of that reading, from 1"),
     (
@@ -124,7 +137,7 @@ def _rate(readings: Sequence[HookState], epoch: int | None, now: float) -> float
     """Batches per second over the last :data:`RATE_S` of ``epoch`` (``None``: under 2 s of it,
     or no batch taken)."""
     points = [
-        (h.t, h.record.progress.batch)
+        (_made(h), h.record.progress.batch)
         for h in readings
         if h.t >= now - RATE_S
         and h.record is not None
@@ -139,13 +152,21 @@ def _rate(readings: Sequence[HookState], epoch: int | None, now: float) -> float
     return (b1 - b0) / (t1 - t0)
 
 
+def _made(h: HookState) -> float:
+    """When the hook made the progress record ``h`` carries (monotonic s; the time torchwatch read
+    it for a record of an older hook, or one whose time is not on torchwatch's clock: after the
+    read, or more than :data:`KEEP_S` before it, as from another time namespace)."""
+    p = h.record.progress if h.record is not None else None
+    return p.at if p is not None and p.at is not None and h.t - KEEP_S <= p.at <= h.t else h.t
+
+
 def _last_bars(readings: Sequence[HookState]) -> tuple[float, tuple[BarInfo, ...]]:
-    """The bars of the last reading that had any, and that reading's time (monotonic s); a bar
-    closed at the end of its loop stays shown. ``(0.0, ())`` when none had a bar."""
+    """The bars of the last reading that had any, and when the hook made that record (monotonic
+    s); a bar closed at the end of its loop stays shown. ``(0.0, ())`` when none had a bar."""
     for h in reversed(readings):
         p = h.record.progress if h.record is not None else None
         if p is not None and p.bars:
-            return h.t, p.bars
+            return _made(h), p.bars
     return 0.0, ()
 
 
@@ -163,8 +184,8 @@ def _bar_rate(readings: Sequence[HookState], outer: BarInfo, start: float, now: 
             continue
         bar, share, _eta = got
         same = (bar.desc, bar.total) == (outer.desc, outer.total)
-        if same and abs((h.t - bar.elapsed_s) - start) < 1.0:
-            points.append((h.t, share))
+        if same and abs((_made(h) - bar.elapsed_s) - start) < 1.0:
+            points.append((_made(h), share))
     if len(points) < 2:
         return None
     (t0, s0), (t1, s1) = points[0], points[-1]
@@ -215,7 +236,8 @@ def progress(readings: Sequence[HookState], pid: int | None, now: float) -> Prog
     elif rate is None:
         unknown = "the batch rate is not measured yet"
     else:
-        eta = max(0.0, last.epoch_len - last.batch) / rate
+        made = next(_made(h) for h in reversed(mine) if h.record is not None and h.record.progress is last)
+        eta = max(0.0, max(0.0, last.epoch_len - last.batch) / rate - (now - made))  # as of now
     first_bad = last.first_nonfinite
     last_finite = None
     if first_bad is not None:
@@ -233,6 +255,8 @@ def progress(readings: Sequence[HookState], pid: int | None, now: float) -> Prog
         pace = _bar_rate(mine, bar[0], seen - bar[0].elapsed_s, now)
         if pace is not None:
             bar = (bar[0], bar[1], max(0.0, 1.0 - bar[1]) / pace)
+        if bar[2] is not None:  # as of now, not of the record
+            bar = (bar[0], bar[1], max(0.0, bar[2] - (now - seen)))
     return ProgressView(
         epoch=last.epoch,
         batch=last.batch,
@@ -269,6 +293,8 @@ def features(readings: Sequence[HookState], pid: int | None, now: float) -> dict
         epoch_len=view.epoch_len,
         epoch_batches_per_s=view.batches_per_s,
         epoch_eta_s=view.eta_s,
+        bar_share=view.bar_share,
+        bar_eta_s=view.bar_eta_s,
         loss=view.loss,
         loss_step=view.loss_step,
         loss_trend_per_min=view.loss_trend_per_min,

@@ -231,4 +231,5 @@ def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressIn
         first_nonfinite=None if bad is None else wire.LossSample(bad[0], round(bad[1], 6), bad[2]),
         loss_note=loss.note,
         bars=bars,
+        at=round(time.monotonic(), 3),
     )

@@ -128,6 +128,8 @@ class ProgressInfo:
             said once; ``""`` otherwise.
         bars: the training's live ``tqdm`` bars, outermost first, at most :data:`BARS_MAX`
             (what the script shows its user: the run's total where a bar counts it).
+        at: when the hook made this record, monotonic s (``None`` from an older hook): the
+            batch and the bars are as of then, which may be seconds before torchwatch reads it.
     """
 
     epoch: int | None = None
@@ -137,6 +139,7 @@ class ProgressInfo:
     first_nonfinite: LossSample | None = None
     loss_note: str = ""
     bars: tuple[BarInfo, ...] = ()
+    at: float | None = None
 
     @classmethod
     def decode(cls, value: object, where: str) -> ProgressInfo:
@@ -151,6 +154,7 @@ class ProgressInfo:
             None if first is None else LossSample.decode(first, f"{where}.first_nonfinite"),
             o.text("loss_note", TEXT, optional=True) or "",
             tuple(BarInfo.decode(v, w) for v, w in o.items("bars", BARS_MAX)),
+            o.number("at", 0.0, 1e10, optional=True),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -163,4 +167,5 @@ class ProgressInfo:
             "first_nonfinite": None if self.first_nonfinite is None else self.first_nonfinite.to_json(),
             "loss_note": self.loss_note,
             "bars": [b.to_json() for b in self.bars],
+            "at": self.at,
         }
