@@ -5,11 +5,12 @@ as root: its own PID namespace (the training is PID 1 there, its threads have sm
 as asked its own mount namespace with a new ``/proc`` (``mount``), its own ``/tmp`` and
 ``/dev/shm`` (tmpfs: ``own_tmp``), its own root (``own_root``: the machine's root bind-mounted, recursively, on a
 fresh directory and ``pivot_root``-ed into, so ``/proc/PID/root`` is not torchwatch's ``/``), its
-own network namespace (``net``), and a cgroup v1 CPU quota and memory limit (``limits``: the
-groups are made under ``/sys/fs/cgroup/{cpu,memory}`` and the pod enters them before
-``unshare``). The pod's processes are killed when it ends, failed or not: ``unshare
---kill-child`` ends the namespace's PID 1 with it, and the kernel ends every other process of a
-PID namespace whose PID 1 exits; then the directory and the groups are removed.
+own network namespace (``net``), and cgroups named as a kubelet names a container's, with a
+cgroup v1 CPU quota and memory limit or none (``limits``: the groups are made under
+``/sys/fs/cgroup/{cpu,memory}`` and the pod enters them before ``unshare``). The pod's
+processes are killed when it ends, failed or not: ``unshare --kill-child`` ends the namespace's
+PID 1 with it, and the kernel ends every other process of a PID namespace whose PID 1 exits;
+then the directory and the groups are removed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,27 +53,47 @@ def refused(**kinds: bool) -> str:
 
 @dataclass
 class Limits:
-    """A cgroup v1 CPU quota (CPUs: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``) and memory limit (bytes)."""
+    """The pod's cgroups, laid out as a kubelet's cgroupfs driver lays out a container's
+    (``kubepods/besteffort/pod<UID>/<64 hex digits>`` under a group of the test's own in the v1
+    ``cpu`` and ``memory`` hierarchies), with a CPU quota (CPUs: ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``) and a memory limit (bytes) on the container's group; ``None``: that
+    limit is not set (a container made without ``--cpus`` / ``--memory``).
 
-    cpus: float = 1.0
-    memory: int = 2 << 30
+    Attributes:
+        container_id: the container's 64 hex digits (its group's name: torchwatch reads the first 12).
+        pod_uid: the pod's UID (``pod<UID>`` in the path).
+    """
+
+    cpus: float | None = 1.0
+    memory: int | None = 2 << 30
+    container_id: str = field(default_factory=lambda: secrets.token_hex(32))
+    pod_uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     groups: list[Path] = field(default_factory=list)
 
     def make(self) -> list[Path]:
-        """Create the two groups and set the limits; returns their ``cgroup.procs`` files."""
-        name = f"torchwatch-pod-{secrets.token_hex(4)}"
-        cpu, mem = CGROUP_V1 / "cpu" / name, CGROUP_V1 / "memory" / name
-        for g in (cpu, mem):
-            g.mkdir()
-            self.groups.append(g)
-        (cpu / "cpu.cfs_period_us").write_text("100000")
-        (cpu / "cpu.cfs_quota_us").write_text(str(round(self.cpus * 100000)))
-        (mem / "memory.limit_in_bytes").write_text(str(self.memory))
+        """Create the groups (every directory of the path, each recorded for :meth:`remove`) and
+        set the limits; returns the container's ``cgroup.procs`` files (``cpu``, ``memory``)."""
+        path = Path(f"torchwatch-pod-{secrets.token_hex(4)}", "kubepods", "besteffort", f"pod{self.pod_uid}")
+        path /= self.container_id
+        leaves = []
+        for hierarchy in ("cpu", "memory"):
+            g = CGROUP_V1 / hierarchy
+            for part in path.parts:
+                g /= part
+                g.mkdir()
+                self.groups.append(g)
+            leaves.append(g)
+        cpu, mem = leaves
+        if self.cpus is not None:
+            (cpu / "cpu.cfs_period_us").write_text("100000")
+            (cpu / "cpu.cfs_quota_us").write_text(str(round(self.cpus * 100000)))
+        if self.memory is not None:
+            (mem / "memory.limit_in_bytes").write_text(str(self.memory))
         return [cpu / "cgroup.procs", mem / "cgroup.procs"]
 
     def remove(self) -> None:
-        """Remove the groups (their processes are gone by then; retried while the kernel lets go)."""
-        for g in self.groups:
+        """Remove the groups, innermost first (their processes are gone by then; retried while the kernel lets go)."""
+        for g in reversed(self.groups):
             for _ in range(50):
                 try:
                     g.rmdir()
@@ -90,7 +112,7 @@ class Pod:
         proc: the ``unshare`` process (torchwatch's namespace); ``proc.stdout`` is the pod's.
         lines: the pod's stderr so far (read in the background).
         root: the pod's root directory as torchwatch sees it (``own_root``), else ``None``.
-        limits: its cgroup limits, or ``None``.
+        limits: its cgroups and their limits (:class:`Limits`), or ``None``.
     """
 
     proc: subprocess.Popen[str]
@@ -197,7 +219,8 @@ def pod(
             only the PID namespace is new (``/proc`` is torchwatch's).
         own_tmp, own_root: a tmpfs on ``/tmp``; a root of its own (both need ``mount``).
         net: a network namespace of its own.
-        limits: a cgroup v1 CPU quota and memory limit.
+        limits: its cgroups (a container's and pod's IDs in their path), with a cgroup v1 CPU
+            quota and memory limit or none.
         env: its environment (default this process's). cwd: its working directory.
         stdout: where its standard output goes (``subprocess.PIPE`` to read it); stderr is piped.
     """
@@ -252,3 +275,139 @@ def pod(
                     made.rmdir()  # the bind mount went with the pod's mount namespace
         if limits is not None:
             limits.remove()
+
+
+PODMAN_NPROC = 4096
+"""The container's ``RLIMIT_NPROC`` (podman sets one: its default, and the machine's own hard limit
+as well, were refused here by runc with EPERM, 4096 was not). It counts the processes of the uid
+(root) on the whole machine; a training of the tests starts a few."""
+
+
+@dataclass
+class Podman:
+    """A running podman container (:func:`podman`).
+
+    Attributes:
+        pod: the ``podman run`` process (``pod.proc``) and the container's stderr (``pod.lines``,
+            :meth:`Pod.wait_stderr`).
+        name: the container's name. command: podman and its global options (its own storage).
+    """
+
+    pod: Pod
+    name: str
+    command: list[str]
+
+    def inspect(self, field: str, timeout: float = 60.0) -> str:
+        """``podman inspect --format {{.FIELD}}`` of the container (``State.Pid``: its PID 1 on the host; ``Id``)."""
+        done = subprocess.run(
+            [*self.command, "inspect", "--format", "{{." + field + "}}", self.name],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
+        return done.stdout.strip()
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below ``path`` in this mount namespace (``/proc/self/mountinfo``)."""
+    prefix = str(path)
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return found
+
+
+def podman_command(base: Path) -> list[str]:
+    """``podman`` with global options that keep all it makes under ``base``: storage (vfs: no
+    overlay module needed; no image is pulled, the root is a directory), run files and its temporary
+    directory; cgroups by podman itself (no systemd here) and no event log. runc when it is
+    installed: crun 1.8 (Debian 12's) refuses a hybrid cgroup host whose v2 hierarchy has a
+    controller (``cgroups in hybrid mode not supported, drop all controllers from cgroupv2``)."""
+    out = ["podman"] + (["--runtime", "runc"] if shutil.which("runc") else [])
+    out += ["--cgroup-manager", "cgroupfs", "--storage-driver", "vfs", "--events-backend", "none"]
+    return [*out, "--root", str(base / "storage"), "--runroot", str(base / "run"), "--tmpdir", str(base / "tmp")]
+
+
+@contextlib.contextmanager
+def podman(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = REPO,
+    stdout: int | None = subprocess.DEVNULL,
+) -> Iterator[Podman]:
+    """Run ``argv`` in a rootful podman container whose root is a directory made here (no image):
+    the machine's ``/usr`` and this interpreter's environment and the checkout bound read-only at
+    their paths (as an image carries them), its own ``/tmp`` (in its root), no network, its own
+    PID, mount, IPC and UTS namespaces and cgroups (``/libpod_parent/libpod-<id>``). On exit the
+    container is removed (``podman rm -f``: its processes killed), then everything under its
+    directory, once no mount is left there (podman's own ``/dev/shm`` is a mount under it while
+    the container lives).
+
+    Args:
+        env: variables set in the container (besides podman's own: ``PATH``, ``HOSTNAME``, ...).
+        cwd: its working directory. stdout: where its standard output goes; stderr is piped.
+    """
+    import resource
+
+    base = Path(tempfile.mkdtemp(prefix="torchwatch-podman-", dir="/var/tmp"))
+    rootfs = base / "rootfs"
+    (rootfs / "tmp").mkdir(parents=True)
+    os.chmod(rootfs / "tmp", 0o1777)
+    for link in ("bin", "lib", "lib64", "sbin"):  # Debian's merged /usr
+        (rootfs / link).symlink_to(f"usr/{link}")
+    binds: list[str] = []
+    for p in sorted(
+        {"/usr", os.path.realpath(sys.base_prefix), sys.prefix, os.path.realpath(sys.prefix), str(REPO), str(cwd)}
+    ):
+        if not any(p == b or p.startswith(b + "/") for b in binds):
+            binds.append(p)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    name = f"torchwatch-{secrets.token_hex(4)}"
+    command = podman_command(base)
+    run = [*command, "run", "--rm", "--name", name, "--network", "none", "--workdir", str(cwd)]
+    run += ["--ulimit", f"nofile={soft}:{hard}", "--ulimit", f"nproc={PODMAN_NPROC}:{PODMAN_NPROC}"]
+    for b in binds:
+        run += ["--volume", f"{b}:{b}:ro"]
+    for k, v in (env or {}).items():
+        run += ["--env", f"{k}={v}"]
+    run += ["--rootfs", str(rootfs), *argv]
+    proc = subprocess.Popen(
+        run, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        yield Podman(Pod(proc, rootfs, None), name, command)
+    finally:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run([*command, "rm", "--force", "--time", "0", name], capture_output=True, timeout=60)
+        _end(proc)
+        if _mounts_under(base):  # never remove what a mount shows (a bound /usr would go with it)
+            for point in sorted(_mounts_under(base), reverse=True):
+                subprocess.run(["umount", "--lazy", point], capture_output=True, timeout=30)
+        if not _mounts_under(base):
+            shutil.rmtree(base, ignore_errors=True)
+        for hierarchy in CGROUP_V1.iterdir():  # podman's groups (its conmons'), when no other container is in them
+            for group in ("libpod_parent/conmon", "libpod_parent"):
+                with contextlib.suppress(OSError):
+                    (hierarchy / group).rmdir()
+
+
+def podman_refused() -> str:
+    """Why :func:`podman` cannot run a container here (``""``: it can): not root, no podman, or
+    the error of ``podman run ... true`` (its last line)."""
+    if os.geteuid() != 0:
+        return "podman containers are made as root here"
+    if shutil.which("podman") is None:
+        return "podman not installed (Debian: apt-get install podman runc)"
+    try:
+        with podman(["true"]) as c:
+            c.pod.proc.wait(timeout=120)
+            code = c.pod.proc.returncode
+            time.sleep(0.2)  # the stderr reader's last lines
+            err = "".join(c.pod.lines).strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run podman: {exc}"
+    return "" if code == 0 else f"podman cannot run a container here: {err[-1] if err else f'exit {code}'}"

@@ -11,19 +11,24 @@ import contextlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.containers import Limits, Pod, pod, refused
-from tests.integration.conftest import DEMO, REPO, others_hold_cpus, torchwatch
+from tests.containers import Limits, Pod, pod, podman, podman_refused, refused
+from tests.integration.conftest import DEMO, REPO, Watched, others_hold_cpus, torchwatch
 from torchwatch import wire
 from torchwatch.sources.hook import HookReader, instance_of
+from torchwatch.sources.origin import origin_of
 from torchwatch.watch.lifecycle import hook_env
 
 pytestmark = pytest.mark.integration
@@ -84,16 +89,29 @@ def test_attach_from_the_host_to_a_training_in_a_container(case: str, tmp_path: 
         mount = checks["mount-namespace"]["finding"]
         if case == "pid-ns":
             assert "sees the same files as torchwatch" in mount and "inject/mount-namespace" not in checks
+            assert checks["shm"]["finding"].startswith("/dev/shm is "), checks["shm"]
         else:
             assert f"read through /proc/{pid}/root" in mount, mount
             inject = checks["inject/mount-namespace"]
             assert inject["level"] == "ok", inject
             placed = "placed there through" if case == "own-root-tmp-net" else "as torchwatch does"
             assert placed in inject["finding"], inject
+            assert checks["shm"]["finding"].startswith(f"/dev/shm of PID {pid} is "), checks["shm"]
+        if case == "own-root-tmp-net":  # the pod's own 64 MiB /dev/shm, not torchwatch's
+            assert checks["shm"]["level"] == "warn" and " is 64 MiB" in checks["shm"]["finding"], checks["shm"]
+        if case == "cgroup-limits" and len(os.sched_getaffinity(0)) > 1:
+            assert "quota allows 1 CPUs" in checks["cpu-quota"]["finding"], checks["cpu-quota"]
         out = tmp_path / "attach.json"
         watched = torchwatch(
             "attach", "--headless", "--duration", str(WATCH_S), "--json", str(out), str(pid), json_path=out
         )
+    _attached(watched, pid, quota=case == "cgroup-limits")
+
+
+def _attached(watched: Watched, pid: int, quota: bool = False) -> None:
+    """``attach`` from the host to the CPU demo, PID 1 of a container, worked as on the host:
+    injected, py-spy's stacks and the hook's steps read across the namespaces, and its label;
+    with ``quota`` (1 CPU and 2 GiB), the container's limits used."""
     assert watched.code == 0 and watched.report is not None, watched.stderr[-3000:]
     report = watched.report
     assert report["target"]["pid"] == pid and report["target"]["ns_pid"] == 1
@@ -101,16 +119,48 @@ def test_attach_from_the_host_to_a_training_in_a_container(case: str, tmp_path: 
     assert report["sources"]["py-spy"]["status"] == "ok", report["sources"]
     assert (report["features"]["stack_samples"] or 0) > 0, report["features"]  # 0 before: every sample dropped
     assert report["hook"] is not None and report["hook"]["steps"] > 0, report["hook"]
-    if case == "cgroup-limits":
+    if quota:
         assert report["features"]["usable_cpus"] == 1.0, report["features"]
         assert "cgroup v1 memory limit" in report["memory"]["limit_source"], report["memory"]
         assert report["memory"]["limit_bytes"] == 2 << 30
-    _label_or_busy(report, quota=case == "cgroup-limits")
+    _label_or_busy(report, quota=quota)
+
+
+@pytest.mark.quiet
+def test_attach_from_the_host_to_a_training_in_a_podman_container(tmp_path: Path) -> None:
+    """The same with a real container engine: Debian's podman, rootful, its root a directory
+    (tests/containers.podman: no image is pulled)."""
+    why = podman_refused()
+    if why:
+        pytest.skip(why)
+    argv = [sys.executable, str(DEMO / "cpu_bound.py"), "--device", "cpu", "--seconds", "45"]
+    with podman(argv, env={"PYTHONUNBUFFERED": "1"}) as c:
+        c.pod.wait_stderr(": step ")
+        pid = int(c.inspect("State.Pid"))
+        assert origin_of(pid).container_id == c.inspect("Id")[:12]  # from podman's cgroup path (libpod-<id>)
+        checks = _doctor(pid)
+        assert checks["pid-namespace"]["finding"].startswith(f"PID {pid} is PID 1 in its own PID namespace")
+        assert f"read through /proc/{pid}/root" in checks["mount-namespace"]["finding"], checks["mount-namespace"]
+        assert checks["inject/mount-namespace"]["level"] == "ok", checks["inject/mount-namespace"]
+        shm = checks["shm"]  # podman's own, 64000 KiB
+        assert shm["level"] == "warn" and shm["finding"].startswith(f"/dev/shm of PID {pid} is 62 MiB"), shm
+        out = tmp_path / "attach.json"
+        watched = torchwatch(
+            "attach", "--headless", "--duration", str(WATCH_S), "--json", str(out), str(pid), json_path=out
+        )
+    _attached(watched, pid)
 
 
 @needs_pods
 @pytest.mark.quiet
-def test_run_inside_a_container_with_its_own_root_and_tmp() -> None:
+@pytest.mark.parametrize("case", list(CASES))
+def test_run_inside_a_container(case: str) -> None:
+    """``torchwatch run`` in the training's container (both in its namespaces, as in a
+    ``docker exec`` or an image's entrypoint) works as on a machine of its own; in a PID
+    namespace without a /proc of its own it refuses, with the fix."""
+    kinds = dict(CASES[case])
+    if case == "cgroup-limits":
+        kinds["limits"] = Limits(cpus=1.0, memory=2 << 30)
     out_dir = Path(tempfile.mkdtemp(prefix="torchwatch-pod-out-", dir="/var/tmp"))  # the pod sees it: not in /tmp
     try:
         out = out_dir / "run.json"
@@ -118,9 +168,16 @@ def test_run_inside_a_container_with_its_own_root_and_tmp() -> None:
             sys.executable, "-m", "torchwatch", "run", "--headless", "--duration", "20",
             "--json", str(out), "--", sys.executable, str(DEMO / "cpu_bound.py"), "--device", "cpu", "--seconds", "40",
         ]  # fmt: skip
-        with pod(argv, own_tmp=True, own_root=True, net=True) as p:
+        with pod(argv, **kinds) as p:
             p.proc.wait(timeout=120)
             err = "".join(p.lines)
+        if case == "pid-ns":
+            # /proc is the host's: no PID torchwatch would read names the process it means (run
+            # failed with a traceback here before); refused before the training starts, with the fix
+            assert p.proc.returncode == 1 and not out.exists(), err[-3000:]
+            assert err.startswith("torchwatch: error: /proc is another PID namespace's"), err[-3000:]
+            assert "--mount-proc" in err and err.count("\n") == 1, err[-3000:]
+            return
         assert p.proc.returncode == 0 and out.exists(), err[-3000:]
         report = json.loads(out.read_text())
     finally:
@@ -129,7 +186,118 @@ def test_run_inside_a_container_with_its_own_root_and_tmp() -> None:
     # py-spy read the loop; its last chunk may end after --duration stopped the training ("gone")
     assert report["sources"]["py-spy"]["status"] in ("ok", "gone") and (report["features"]["stack_samples"] or 0) > 0
     assert report["hook"] is not None and report["hook"]["steps"] > 0, report["hook"]
-    _label_or_busy(report)
+    if case == "cgroup-limits":
+        assert report["features"]["usable_cpus"] == 1.0, report["features"]
+        assert report["memory"]["limit_bytes"] == 2 << 30, report["memory"]
+    _label_or_busy(report, quota=case == "cgroup-limits")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """``{metric name: [(labels, value)]}`` of one scrape of serve's ``/metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def _of(
+    scrape: dict[str, list[tuple[dict[str, str], float]]], name: str, container: str
+) -> list[tuple[dict[str, str], float]]:
+    return [(labels, v) for labels, v in scrape.get(name, []) if labels.get("container_id") == container]
+
+
+@needs_pods
+@pytest.mark.quiet
+@pytest.mark.parametrize("case", list(CASES))
+def test_serve_from_the_host_labels_a_training_in_a_container(case: str) -> None:
+    """``torchwatch serve --prometheus`` on the host, as the DaemonSet runs it, finds the CPU demo
+    in a container (the hook pre-loaded, as the training pod snippet does; nothing injected),
+    names it by its host PID, reads py-spy's stacks across the PID namespace and the hook's
+    steps through the container's root, and labels its series with the container's ID and the
+    pod's UID from its cgroup path (tests/containers.py lays them out as a kubelet does)."""
+    kinds = dict(CASES[case])
+    limits = Limits(cpus=1.0, memory=2 << 30) if case == "cgroup-limits" else Limits(cpus=None, memory=None)
+    env = {k: v for k, v in hook_env().items() if k not in ("TORCHWATCH_DIR", "TMPDIR")}
+    env["PYTHONUNBUFFERED"] = "1"
+    argv = [sys.executable, str(DEMO / "cpu_bound.py"), "--device", "cpu", "--seconds", "60"]
+    container = limits.container_id[:12]
+    port = _free_port()
+    with pod(argv, env=env, limits=limits, **kinds) as p:
+        pid = p.init_pid()
+        p.wait_stderr(": step ")
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "torchwatch", "serve", "--prometheus", f"127.0.0.1:{port}", "--scan", "1",
+             "--max-per-user", "16", "--duration", "90"],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            watching = f"watching PID {pid}: "
+            lines = _lines_of(serve)
+            deadline = time.monotonic() + 60
+            while not any(watching in line for line in lines):
+                assert serve.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+                time.sleep(0.2)
+            since, busy, last = time.monotonic(), False, {}
+            while time.monotonic() - since < WATCH_S or not _of(last, "torchwatch_verdict", container):
+                assert serve.poll() is None and time.monotonic() - since < WATCH_S + 30, "".join(lines)[-3000:]
+                time.sleep(1.0)
+                last = _scrape(f"http://127.0.0.1:{port}/metrics")
+                foreign = _of(last, "torchwatch_feature_foreign_cpu_cores", container)
+                busy = busy or any(v >= 0.5 for _, v in foreign)  # as others_hold_cpus: at any time of the watch
+        finally:
+            serve.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                serve.wait(timeout=60)
+            if serve.poll() is None:
+                serve.kill()
+                serve.wait()
+    assert serve.returncode == -signal.SIGTERM, "".join(lines)[-3000:]  # it ends by the signal that stopped it
+    (labels, _), *others = _of(last, "torchwatch_verdict", container)
+    assert not others
+    assert labels["training_job"] == f"pid:{pid}", labels  # the host's PID (1 inside)
+    assert labels["pod_uid"] == limits.pod_uid and labels["uid"] == "0", labels
+    feature = {
+        name: v for name in ("stack_samples", "usable_cpus", "cpu_quota_cpus", "mem_limit_bytes")
+        for _, v in _of(last, f"torchwatch_feature_{name}", container)
+    }  # fmt: skip
+    assert feature.get("stack_samples", 0) > 0, feature  # py-spy's main-thread samples across the PID namespace
+    steps = [v for _, v in _of(last, "torchwatch_steps_total", container)]
+    assert steps and steps[0] > 0, steps  # the hook's, read through the container's root
+    [(_, confidence)] = _of(last, "torchwatch_verdict_confidence", container)
+    top = labels["top_finding"]
+    if case == "cgroup-limits":
+        assert feature["usable_cpus"] == 1.0 and feature["cpu_quota_cpus"] == 1.0, feature
+        assert feature["mem_limit_bytes"] == 2 << 30, feature
+    if busy:
+        assert top == "cpu-contention", labels
+    elif case == "cgroup-limits":
+        assert labels["label"] == "cpu-bound" or confidence < 0.5, (labels, confidence)  # _label_or_busy's reason
+    else:
+        assert labels["label"] == "cpu-bound", labels
+
+
+def _lines_of(proc: subprocess.Popen[str]) -> list[str]:
+    """``proc``'s stderr lines so far, read in the background."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
 
 
 def _hooked_pod(tmp: Path) -> contextlib.AbstractContextManager[Pod]:

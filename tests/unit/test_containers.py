@@ -146,6 +146,13 @@ def test_a_pod_with_its_own_tmp_and_root_is_read_through_its_root() -> None:
         assert wire.sees_same(pid, "/tmp") is False and wire.sees_same(pid, str(Path(__file__).parent)) is True
         view = facts.read_view(pid, str(Path(__file__).resolve().parents[2]), 0)
         assert view.root is not None and view.shared_tmp is None and view.own_tmp == "/tmp" and view.package
+        # doctor PID checks the container's own /dev/shm (64 MiB, as Docker's default), not torchwatch's
+        assert doctor.target_shm(pid) == (f"/dev/shm of PID {pid}", 64 << 20)
+        where, size = doctor.target_shm(pid) or ("", None)
+        assert (
+            "/dev/shm of PID" in doctor.check_shm(size, where).finding and doctor.check_shm(size, where).level == "warn"
+        )
+    assert doctor.target_shm(os.getpid()) is None  # torchwatch's own files: its /dev/shm is the one checked
 
 
 @needs_pods

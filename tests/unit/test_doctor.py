@@ -31,6 +31,39 @@ def test_proc_not_mounted_or_unreadable_fails(tmp_path: Path) -> None:
     assert doctor.check_proc(tmp_path, lambda: None).level == "ok"
 
 
+def test_a_proc_of_another_pid_namespace_fails_with_the_fix(tmp_path: Path) -> None:
+    """``unshare --pid --fork`` without ``--mount-proc``: /proc/self names torchwatch by the parent
+    namespace's PID (4242), not its own (1); every PID read there would be another process."""
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242/stat").write_text("4242 (python) R")
+    (tmp_path / "self").symlink_to("4242")
+    found = doctor.check_proc(tmp_path, lambda: None, own_pid=1)
+    assert found.level == "fail" and "is another PID namespace's" in found.finding, found
+    assert found.fix is not None and "--mount-proc" in found.fix and "torchwatch attach PID" in found.fix
+    assert doctor.check_proc(tmp_path, lambda: None, own_pid=4242).level == "ok"
+
+
+def test_commands_refuse_a_proc_of_another_pid_namespace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run, attach (and burst, trial, serve's trainings: check_attachable), serve and detach refuse
+    with one line and exit 1 before reading a PID; this process's own /proc passes."""
+    from torchwatch.cli import main
+    from torchwatch.watch import target
+
+    assert target.proc_namespace_error() is None
+    real_getpid = os.getpid
+    monkeypatch.setattr(target.os, "getpid", lambda: 1 if real_getpid() != 1 else 2)
+    with pytest.raises(TorchwatchError, match="another PID namespace's") as caught:
+        target.check_attachable(real_getpid())
+    assert caught.value.exit_code == 1
+    capsys.readouterr()
+    for argv in (["run", "--headless", "--", "true"], ["serve", "--duration", "1"], ["detach", "1234"]):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith("torchwatch: error: /proc is another PID namespace's") and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(
     ("host", "level", "words"),
     [

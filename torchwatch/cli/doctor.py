@@ -43,10 +43,17 @@ PYSPY_FIRST_FOR_312 = (0, 4)  # py-spy 0.4.0 was the first to read Python 3.12 (
 _CONTAINER_MARKS = ("docker", "kubepods", "containerd", "libpod", "lxc", "crio")
 
 
-def check_proc(proc: Path, read_self: Callable[[], object]) -> Finding:
-    """psutil reads this process through ``/proc`` (needed: every reading starts there)."""
+def check_proc(proc: Path, read_self: Callable[[], object], own_pid: int | None = None) -> Finding:
+    """psutil reads this process through ``/proc`` (needed: every reading starts there), and
+    ``/proc`` is this PID namespace's (:func:`~torchwatch.watch.target.proc_namespace_error`;
+    ``own_pid``: this process's PID, default :func:`os.getpid`)."""
+    from torchwatch.watch.target import proc_namespace_error
+
     if not (proc / "self" / "stat").exists():
         return Finding("fail", "proc", f"{proc} is not mounted", "mount proc: mount -t proc proc /proc")
+    other = proc_namespace_error(str(proc), own_pid)
+    if other is not None:
+        return Finding("fail", "proc", other.message, other.hint)
     try:
         read_self()
     except Exception as exc:
@@ -248,21 +255,58 @@ def check_cpu_quota(affinity: int, usable: float) -> Finding:
     return Finding("ok", "cpu-quota", f"{usable:g} usable CPUs, no lower cgroup quota")
 
 
-def check_shm(size_bytes: int | None) -> Finding:
-    """``/dev/shm``: DataLoader workers hand batches over through it."""
+def check_shm(size_bytes: int | None, where: str = "/dev/shm") -> Finding:
+    """``/dev/shm``: DataLoader workers hand batches over through it.
+
+    Args:
+        size_bytes: its size, bytes (``None``: missing).
+        where: how it is named: ``/dev/shm``, or ``/dev/shm of PID N`` (a target in another
+            mount namespace: its container's own, :func:`target_shm`).
+    """
     if size_bytes is None:
         return Finding(
-            "warn", "shm", "/dev/shm is missing: DataLoader workers cannot pass batches", "mount a tmpfs there"
+            "warn", "shm", f"{where} is missing: DataLoader workers cannot pass batches", "mount a tmpfs there"
         )
     mib = size_bytes / (1 << 20)
     if size_bytes < SHM_WARN_BYTES:
         return Finding(
             "warn",
             "shm",
-            f"/dev/shm is {mib:.0f} MiB: DataLoader workers' batches can fill it (bus error, or workers dying)",
+            f"{where} is {mib:.0f} MiB: DataLoader workers' batches can fill it (bus error, or workers dying)",
             "docker run --shm-size=8g (or --ipc=host)",
         )
-    return Finding("ok", "shm", f"/dev/shm is {mib:.0f} MiB")
+    return Finding("ok", "shm", f"{where} is {mib:.0f} MiB")
+
+
+def target_shm(pid: int) -> tuple[str, int | None] | None:
+    """``(name, size in bytes or None)`` of the ``/dev/shm`` process ``pid`` sees when it is in
+    another mount namespace (a container: Docker's default is 64 MiB whatever the host's is), read
+    through ``/proc/PID/root`` without following a link out of it
+    (:func:`~torchwatch.wire.roots.walk_in`); ``None`` when ``pid`` sees torchwatch's files (or
+    its root cannot be read: the ``/dev/shm`` torchwatch sees is then the one checked)."""
+    from torchwatch import wire
+
+    root = wire.root_of(pid)
+    if root is None:
+        return None
+    where = f"/dev/shm of PID {pid}"
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fd = wire.walk_in(root_fd, ["dev", "shm"], f"{root}/dev/shm")
+    except OSError:  # wire.Unsafe too
+        return where, None
+    finally:
+        os.close(root_fd)
+    try:
+        st = os.fstatvfs(fd)
+    except OSError:
+        return where, None
+    finally:
+        os.close(fd)
+    return where, st.f_frsize * st.f_blocks
 
 
 def check_hook_dir(base: Path, uid: int, lstat: Callable[[Path], os.stat_result] = os.lstat) -> Finding:
@@ -405,7 +449,8 @@ def run_checks(pid: int | None, m: Machine) -> list[tuple[Finding, bool]]:
     except OSError:
         affinity = os.cpu_count() or 1
     out.append(check_cpu_quota(affinity, usable_cpus(pid if pid is not None else "self")))
-    out.append(check_shm(_shm_bytes(m.shm)))
+    theirs = target_shm(pid) if pid is not None and target is not None else None
+    out.append(check_shm(theirs[1], theirs[0]) if theirs is not None else check_shm(_shm_bytes(m.shm)))
     out.append(check_hook_dir(wire.base_dir(m.environ), os.geteuid()))
     if target is not None and pid is not None:
         from torchwatch.sources.hook import HookReader

@@ -52,7 +52,7 @@ from torchwatch.watch.lifecycle import (
     terminal_delivers_interrupts,
 )
 from torchwatch.watch.session import Session
-from torchwatch.watch.target import check_attachable, check_command
+from torchwatch.watch.target import check_attachable, check_command, check_proc_namespace
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,10 @@ def run_command(cmd: Sequence[str], opts: WatchOptions, stops: StopSignals) -> i
         stops: the stop signals torchwatch catches (installed by the caller).
 
     Raises:
-        TorchwatchError: bad rules, unwritable ``--json`` or ``--trace`` path, command not found.
+        TorchwatchError: ``/proc`` is another PID namespace's, bad rules, unwritable ``--json`` or
+            ``--trace`` path, command not found.
     """
+    check_proc_namespace()  # before the training starts: no PID of it could be read
     rules = load_rules(opts.rules_dirs)
     report.check_json_path(opts.json_path)
     check_trace_path(opts.trace)

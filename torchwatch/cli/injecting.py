@@ -279,11 +279,13 @@ def detach_command(pid_text: str) -> int:
     """``torchwatch detach PID``: exit 0 when the hook was taken out.
 
     Raises:
-        TorchwatchError: the PID is malformed, or nothing could be taken out (one line, with why).
+        TorchwatchError: the PID is malformed, ``/proc`` is another PID namespace's, or nothing
+            could be taken out (one line, with why).
     """
-    from torchwatch.watch.target import parse_pid
+    from torchwatch.watch.target import check_proc_namespace, parse_pid
 
     pid = parse_pid(pid_text)
+    check_proc_namespace()
     with Injector() as injector:
         done, line, hint = detach_hook(injector, pid)
     if not done:

@@ -34,6 +34,7 @@ from torchwatch.watch.caps import MAX_PER_USER, MAX_TRAININGS
 from torchwatch.watch.discover import find_trainings
 from torchwatch.watch.fleet import Fleet
 from torchwatch.watch.lifecycle import StopSignals
+from torchwatch.watch.target import check_proc_namespace
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,10 @@ def serve_command(
         0 (a stop signal makes the caller end by it).
 
     Raises:
-        TorchwatchError: bad rules, a bad web config (``UsageError``), or the metrics address
-            cannot be bound.
+        TorchwatchError: ``/proc`` is another PID namespace's, bad rules, a bad web config
+            (``UsageError``), or the metrics address cannot be bound.
     """
+    check_proc_namespace()  # every training found would be another process
     if web_config is not None and listen is None:
         raise UsageError("--web-config-file protects --prometheus", "give --prometheus [HOST:]PORT too")
     web = load_web_config(web_config) if web_config is not None else None

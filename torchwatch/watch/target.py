@@ -23,6 +23,43 @@ def _describe(proc: psutil.Process) -> str:
         return f"PID {proc.pid}"
 
 
+def proc_namespace_error(proc: str = "/proc", own_pid: int | None = None) -> TorchwatchError | None:
+    """Why ``proc`` cannot be read for this process's PID namespace, or ``None`` when it can.
+
+    After ``unshare --pid --fork`` without ``--mount-proc`` (a PID namespace whose ``/proc`` is
+    still the parent namespace's), ``/proc/N`` is the parent's PID N: psutil, py-spy and the
+    launched training's PID then name other processes, or none (``run`` failed with a traceback
+    in such a namespace). ``/proc/self`` names this process in ``/proc``'s own namespace: it is
+    ``own_pid`` (default :func:`os.getpid`) only when ``/proc`` is this namespace's. A ``/proc``
+    that cannot be read is :func:`check_attachable`'s and doctor's ``proc`` check's to report.
+    """
+    try:
+        shown = int(os.readlink(f"{proc}/self"))
+    except (OSError, ValueError):
+        return None
+    mine = os.getpid() if own_pid is None else own_pid
+    if shown == mine:
+        return None
+    return TorchwatchError(
+        f"{proc} is another PID namespace's (it shows torchwatch as PID {shown}, its own PID is {mine}): this "
+        "PID namespace has no /proc of its own (unshare --pid without --mount-proc), and no PID read there names "
+        "the process torchwatch means",
+        "give the namespace a /proc of its own, as container runtimes do (unshare --pid --fork --mount-proc), "
+        "or run torchwatch outside it with the training's PID there: torchwatch attach PID",
+    )
+
+
+def check_proc_namespace() -> None:
+    """Raise :func:`proc_namespace_error`'s error when ``/proc`` is another PID namespace's.
+
+    Raises:
+        TorchwatchError: ``/proc`` shows another PID namespace (exit 1, with the fix).
+    """
+    error = proc_namespace_error()
+    if error is not None:
+        raise error
+
+
 def parse_pid(text: str) -> int:
     """A PID given on the command line (``attach``, ``detach``, ``doctor``).
 
@@ -42,12 +79,14 @@ def check_attachable(pid: int) -> ProcessTree:
     """Check that ``pid`` can be watched and return its tree.
 
     Raises:
-        TorchwatchError: no such process, exited, owned by another user (without root),
+        TorchwatchError: ``/proc`` is another PID namespace's (:func:`check_proc_namespace`),
+            no such process, exited, owned by another user (without root),
             or neither it nor a descendant is a Python process (torchwatch's own branch, when
             ``pid`` is its ancestor, does not count).
     """
     if pid <= 0:
         raise UsageError(f"PID must be a positive number, not {pid}", "find it with: pgrep -f train.py")
+    check_proc_namespace()
     if pid == os.getpid():
         raise TorchwatchError("torchwatch cannot watch itself", "give the PID of the training process")
     try:
