@@ -21,6 +21,11 @@ share within +-15 %; and the machine's load average before and after, since on 2
 step rate moves with what else runs.
 
     python bench/progress.py --runs 2
+    python bench/progress.py --variants hf,lightning --python /path/to/venv-with-them/bin/python
+
+``hf``: an HF ``Trainer`` (``_progress_hf.py``; its tqdm bar counts the run's steps, so the bar's
+ETA is the run's); ``lightning``: a ``LightningModule`` (``_progress_lightning.py``; Lightning draws
+its bar with rich where rich is installed, which the hook does not read: the epoch's ETA only).
 """
 
 from __future__ import annotations
@@ -40,16 +45,20 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "bench" / "_progress_train.py"
-STEP = re.compile(r"progress_train: epoch (\d+) batch (\d+) step (\d+) loss (\S+)")
-VARIANTS = {"plain": [], "tqdm": ["--tqdm"], "uneven+tqdm": ["--tqdm", "--uneven"]}
+STEP = re.compile(r"progress_train: epoch (\d+) batch (\d+) step (\d+)(?: loss (\S+))?")
+VARIANTS = {"plain": [], "tqdm": ["--tqdm"], "uneven+tqdm": ["--tqdm", "--uneven"], "hf": [], "lightning": []}
+SCRIPTS = {"hf": REPO / "bench" / "_progress_hf.py", "lightning": REPO / "bench" / "_progress_lightning.py"}
+"""The trainers' variants: an interpreter with ``transformers`` (and ``accelerate``) or ``lightning``
+installed (``--python``); the others run ``_progress_train.py``."""
 
 
-def one_run(flags: list[str], epochs: int, batches: int) -> dict[str, list[float]]:
+def one_run(name: str, epochs: int, batches: int, python: str) -> dict[str, list[float]]:
     """One watched training; the errors of every analysis scored (shares, signed)."""
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
         cmd = [sys.executable, "-m", "torchwatch", "run", "--headless", "--trace", str(trace), "--"]
-        cmd += [sys.executable, str(TRAIN), "--epochs", str(epochs), "--batches", str(batches), *flags]
+        script = SCRIPTS.get(name, TRAIN)
+        cmd += [python, str(script), "--epochs", str(epochs), "--batches", str(batches), *VARIANTS[name]]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         steps: dict[tuple[int, int], float] = {}
         losses: dict[int, float] = {}
@@ -65,7 +74,8 @@ def one_run(flags: list[str], epochs: int, batches: int) -> dict[str, list[float
                     m = STEP.search(line)
                     if m:
                         steps[(int(m.group(1)), int(m.group(2)))] = now
-                        losses[int(m.group(3))] = float(m.group(4))
+                        if m.group(4) is not None:
+                            losses[int(m.group(3))] = float(m.group(4))
                     if trace.exists():  # the analyses written since: stamped now (1 a second; steps every ~30 ms)
                         with trace.open() as f:
                             f.seek(seen)
@@ -114,14 +124,15 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2, help="runs per variant (interleaved)")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batches", type=int, default=300, help="batches an epoch")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {','.join(VARIANTS)}")
+    ap.add_argument("--variants", default="plain,tqdm,uneven+tqdm", help=f"of {','.join(VARIANTS)}")
+    ap.add_argument("--python", default=sys.executable, help="the training's interpreter (hf, lightning: theirs)")
     args = ap.parse_args()
     names = args.variants.split(",")
     load0 = os.getloadavg()
     got: dict[str, dict[str, list[float]]] = {n: {"epoch": [], "epoch_len": [], "bar": [], "loss": []} for n in names}
     for r in range(args.runs):
         for name in names:
-            res = one_run(VARIANTS[name], args.epochs, args.batches)
+            res = one_run(name, args.epochs, args.batches, args.python)
             for k, v in res.items():
                 got[name][k] += v
             print(f"run {r + 1} {name}: " + ", ".join(f"{k} {len(v)}" for k, v in res.items()), flush=True)
