@@ -65,7 +65,7 @@ def main() -> None:
     torch.set_num_threads(1)
     trainer = L.Trainer(
         max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_model_summary=False,
+        enable_model_summary=False, callbacks=[Print()],
     )  # fmt: skip
     trainer.fit(Net(), loader(args.batches, 0), loader(20, 1))
 
