@@ -9,8 +9,10 @@ gradients are not finite, and the loss is finite again afterwards. Each step pri
 
 (E and B from 1, N the global step from 1, T ``time.monotonic()``), so a test can compare what torchwatch read with what
 the script printed. After the last step the script waits ``--linger`` s, then exits 0.
-``--tqdm``: the epochs and the batches of each go through ``tqdm`` bars (``Epochs``, ``batches``; drawn on
-``os.devnull``), as many scripts show their progress.
+``--lr-jump-at N``: from step N, for ``--lr-jump-steps`` steps, the learning rate is ``--lr-jump`` times
+its own (a warm-up or schedule bug: the loss jumps, then comes back); ``--lr``: the learning rate (0:
+a frozen model, whose loss stays flat). ``--tqdm``: the epochs and the batches of each go through
+``tqdm`` bars (``Epochs``, ``batches``; drawn on ``os.devnull``), as many scripts show their progress.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ def main() -> None:
     parser.add_argument("--linger", type=float, default=3.0)
     parser.add_argument("--samples", type=int, default=200, help="samples in the dataset (4 a batch)")
     parser.add_argument("--tqdm", action="store_true", help="epochs and batches through tqdm bars")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--lr-jump-at", type=int, default=0, help="the step the learning rate jumps at (0: never)")
+    parser.add_argument("--lr-jump", type=float, default=100.0, help="by this factor")
+    parser.add_argument("--lr-jump-steps", type=int, default=10, help="for this many steps")
     args = parser.parse_args()
     epochs: object = range(1, args.epochs + 1)
     screen = open(os.devnull, "w")  # noqa: SIM115 (open for the whole run)
@@ -42,7 +48,7 @@ def main() -> None:
         epochs = tqdm(epochs, desc="Epochs", file=screen)
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     loader = DataLoader(TensorDataset(torch.randn(args.samples, 16), torch.randn(args.samples, 1)), batch_size=4)
     step = 0
     for epoch in epochs:  # type: ignore[attr-defined]
@@ -52,6 +58,9 @@ def main() -> None:
             if args.nan_at <= step < args.nan_at + 10:
                 x = x.clone()
                 x[0, 0] = math.nan
+            jump = args.lr_jump_at and args.lr_jump_at <= step < args.lr_jump_at + args.lr_jump_steps
+            for group in opt.param_groups:
+                group["lr"] = args.lr * (args.lr_jump if jump else 1.0)
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()

@@ -57,6 +57,8 @@ STALL_MIN_BUCKETS = 20  # of the 24 buckets of 5 s in it (a pause of up to 20 s 
 SPIKE_RECENT_S = 5.0  # a spike: a reading of the last 5 s ...
 SPIKE_BASELINE_S = 60.0  # ... against the minute before it
 SPIKE_MIN_BASELINE = 20  # readings the baseline needs (5 s of them at the hook's 4 Hz)
+SPIKE_Z = 8.0  # rules/loss-spike.toml's z and ratio: where the jump a spike names began
+SPIKE_RATIO = 1.5
 
 CATALOGUE: tuple[tuple[str, str, str, str], ...] = (
     ("epoch", "count", "hook", "the epoch of the busiest DataLoader (iterators made over it), from 1"),
@@ -104,7 +106,13 @@ CATALOGUE: tuple[tuple[str, str, str, str], ...] = (
         "before, over their robust spread (1.4826 x MAD)",
     ),
     ("loss_spike_ratio", "number", "hook", "that largest reading over the baseline's median"),
-    ("loss_spike_step", "count", "hook", "the step of that largest reading"),
+    (
+        "loss_spike_step",
+        "count",
+        "hook",
+        "the step the jump began: the first reading of the last minute beyond the rule's line (z 8, 1.5x); "
+        "else the largest reading's",
+    ),
 )
 """The features of this module (name, unit, source, meaning), added to the analysis's catalogue."""
 
@@ -335,9 +343,15 @@ def _spike(samples: Sequence[LossSample], now: float) -> Mapping[str, float | No
     median = statistics.median(base)
     spread = 1.4826 * statistics.median(abs(v - median) for v in base)
     floor = max(1e-3 * abs(median), 1e-12)  # a constant loss: a jump of 0.1 % of it is one spread
+    scale = max(spread, floor)
+    # the step the jump began: the first reading of the last minute as far out as the rule's line
+    # (a loss that stays up after a jump keeps the rule on for a while: its peak moves on, its start does not)
+    line = median + SPIKE_Z * scale
+    lookback = [s for s in samples if s.t >= cut - SPIKE_BASELINE_S and math.isfinite(s.value)]
+    start = next((s for s in lookback if s.value >= line and s.value >= SPIKE_RATIO * median), peak)
     out: dict[str, float | None] = {
-        "loss_spike_z": (peak.value - median) / max(spread, floor),
-        "loss_spike_step": float(peak.step),
+        "loss_spike_z": (peak.value - median) / scale,
+        "loss_spike_step": float(min(start.step, peak.step)),
     }
     if median > 0:
         out["loss_spike_ratio"] = peak.value / median

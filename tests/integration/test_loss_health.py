@@ -1,0 +1,44 @@
+"""A real CPU training under ``torchwatch run --headless --trace`` whose learning rate jumps 30x for 10
+steps at a known step (the loss jumps from ~1 to 5-85, then comes back, finite): ``loss-spike`` fires
+after that step and not before, names a step of the jump, and never becomes the verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import REPO, headless_run, torchwatch
+
+pytestmark = pytest.mark.integration
+SCENARIO = REPO / "tests" / "scenarios" / "loss_nan.py"
+JUMP_AT = 300  # 15 s of steps at 20 a second: the spike rule's baseline (20 readings) is long full
+WATCH_S = 60.0
+"""The jump comes ~15 s after the first step (~3 s after launch alone, 25 s beside three workers
+importing torch); the rule holds 1 s. 60 s leaves the jump 20 s of watch on the slowest start seen."""
+
+
+def test_a_learning_rate_jump_is_named_a_loss_spike_at_its_step_and_not_before(tmp_path: Path) -> None:
+    out, trace = tmp_path / "report.json", tmp_path / "trace.jsonl"
+    cmd = [sys.executable, str(SCENARIO), "--nan-at", "1000000", "--epochs", "40", "--lr-jump-at", str(JUMP_AT)]
+    cmd += ["--lr-jump", "30"]
+    args = list(headless_run(WATCH_S, out, *cmd))
+    args.insert(args.index("--json"), "--trace")
+    args.insert(args.index("--json"), str(trace))
+    w = torchwatch(*args, json_path=out, timeout=WATCH_S + 120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert w.report is not None, w.stderr[-3000:]
+    ticks = [json.loads(line) for line in trace.read_text().splitlines() if line]
+    fired = [t for t in ticks if "loss-spike" in t["findings"]]
+    reached = [t for t in ticks if (t["features"].get("loss_step") or 0) >= JUMP_AT + 20]
+    assert reached, "the training did not reach its jump within the watch (a busy machine?)"
+    assert fired, [(t["t"], t["features"].get("loss_step"), t["features"].get("loss_spike_z")) for t in ticks]
+    first = fired[0]["features"]  # (a finding then holds a while: later ticks' features have moved on)
+    assert JUMP_AT <= first["loss_spike_step"] < JUMP_AT + 10 + 20, first  # a step of the jump, or just after
+    assert first["loss_spike_ratio"] >= 1.5 and first["loss_spike_z"] >= 8, first
+    for t in fired:  # beside the verdict, never in it
+        assert t["findings"][0] != "loss-spike" and "loss" not in t["verdict"]["summary"].lower(), t
+    before = [t for t in ticks if (t["features"].get("loss_step") or 0) < JUMP_AT]
+    assert before and not any("loss-spike" in t["findings"] for t in before), "a spike before the jump"
