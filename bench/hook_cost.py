@@ -295,7 +295,7 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
             before = reader.counters()
             assert before is not None
             normal = statistics.median(e[1] for e in before.entries[-20:])
-            ok, msg = reader.request_burst({})
+            ok, msg = reader.request_burst()
             if not ok:
                 raise SystemExit(f"bench/hook_cost.py: {msg}")
             s = wait_for_burst(reader, i, 120).to_json()

@@ -48,7 +48,6 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from .. import wire
-from ..wire import request_kind
 from . import ranks
 from .burst import Burster, BurstParams
 from .compiled import CompileWatch
@@ -917,16 +916,15 @@ class Hook:
                 return
             now = time.monotonic()
             steps = self.counters.steps if self.counters is not None else 0
+            req = self._take_request()
             if burster.state in ("armed", "running"):
-                req = self._take_request()
-                if request_kind(req) != "burst":
+                if req is not None and not isinstance(req, wire.BurstRequest):
                     trials.on_request(req, now, steps)  # refused, with the reason: a burst runs
                 elif req is not None:
-                    burster.request(BurstParams.from_request(req), now, True, "signal")  # refused: one runs
+                    burster.request(req, now, True, "signal")  # refused: one runs
                 burster.on_interrupt(now)  # a timer's deadline, if one is due (a no-op otherwise)
                 return
-            req = self._take_request()
-            if request_kind(req) != "burst":
+            if req is not None and not isinstance(req, wire.BurstRequest):
                 trials.on_request(req, now, steps)
                 return
             if trials.active:
@@ -937,15 +935,16 @@ class Hook:
                     burster.last_refusal = wire.Refusal(now, why, "signal")
                     self.publish()
                 return
-            params = BurstParams.from_request(req)
+            params = req if req is not None else BurstParams()
             stepping = self._last_step_t > 0 and now - self._last_step_t < max(2.0, params.arm_timeout_s)
             burster.request(params, now, stepping, "signal")
         except Exception as exc:
             self.error(f"burst request: {exc!r}")
 
-    def _take_request(self) -> dict[str, Any] | None:
-        """The parameters in ``request.json`` (torchwatch writes it before the signal), then
-        remove it. Accepted only as a regular file of this user or root, at most 4 KB."""
+    def _take_request(self) -> wire.Request | None:
+        """``request.json`` (torchwatch writes it before the signal) decoded once
+        (:func:`wire.decode_request`), then removed; ``None`` without one (a timer's
+        interrupt). Accepted only as a regular file of this user or root, at most 4 KB."""
         try:
             fd = wire.open_dir(self.dir, (os.geteuid(),), private=True)
         except OSError:
@@ -961,7 +960,7 @@ class Hook:
             with contextlib.suppress(OSError):
                 os.unlink(wire.REQUEST_FILE, dir_fd=fd)
             os.close(fd)
-        return req if isinstance(req, dict) else None
+        return wire.decode_request(req)
 
     def _interrupt_main(self) -> bool:
         """From a timer thread: run our signal handler in the main thread, without a real signal.

@@ -238,16 +238,14 @@ class Trials:
         """A trial is waiting or running."""
         return self.state is not None and not self.state.finished
 
-    def on_request(self, req: dict[str, Any] | None, now: float, step: int) -> None:
-        """A ``trial`` or ``trial-stop`` request arrived (from the signal handler, main thread)."""
+    def on_request(self, req: wire.TrialRequest | wire.TrialStop | wire.BadTrial, now: float, step: int) -> None:
+        """A trial, the end of one, or a trial request that did not decode arrived (from the
+        signal handler, main thread; :func:`wire.decode_request`). Never raises."""
         try:
-            kind = wire.request_kind(req)
-            if kind == wire.TRIAL_STOP_KIND:
-                rid = req.get("id") if req else None
-                if self.active and self.state is not None and rid == self.state.id:
+            if isinstance(req, wire.TrialStop):
+                if self.active and self.state is not None and req.id == self.state.id:
                     self._end("stopped", "torchwatch ended the trial (it was stopped)", now)
                 return
-            assert req is not None
             self._start(req, now, step)
         except Exception as exc:
             self._fail(f"trial request: {exc!r}", now)
@@ -295,16 +293,12 @@ class Trials:
         self.state = wire.TrialState(rid, setting, value, "refused", reason=clean_text(why, TEXT), ended=now)
         self._changed()
 
-    def _start(self, raw: dict[str, Any], now: float, step: int) -> None:
-        raw_id = raw.get("id")
-        rid = raw_id if isinstance(raw_id, int) and 1 <= raw_id <= 1 << 31 else 1
-        name = clean_text(str(raw.get("setting", "")), 40)
-        text = clean_text(str(raw.get("value", "")), wire.VALUE_TEXT)
-        try:
-            req = wire.TrialRequest.decode(raw)
-        except WireError as exc:
-            self._refuse(rid, name, text, f"bad request: {exc}", now)
+    def _start(self, req: wire.TrialRequest | wire.BadTrial, now: float, step: int) -> None:
+        if isinstance(req, wire.BadTrial):
+            self._refuse(req.id, req.setting, req.value, req.why, now)
             return
+        name = clean_text(req.setting, 40)
+        text = clean_text(req.value, wire.VALUE_TEXT)
         if self.active and self.state is not None:
             if self.state.id != req.id:
                 self._refuse(req.id, name, text, f"trial {self.state.id} ({self.state.setting}) is running", now)
@@ -314,21 +308,13 @@ class Trials:
             self._refuse(req.id, name, text, why, now)
             return
         try:
-            setting, value, text = wire.parse_assignment(f"{req.setting}={req.value}")
-        except ValueError as exc:
-            self._refuse(req.id, name, text, str(exc), now)
+            checked = wire.check_trial(
+                f"{req.setting}={req.value}", allow_numerics=req.allow_numerics, usable_cpus=self._usable_cpus()
+            )
+        except wire.NotTried as exc:
+            self._refuse(req.id, exc.setting, exc.text, str(exc), now)
             return
-        if setting.refused is not None:
-            self._refuse(req.id, setting.name, text, setting.refused, now)
-            return
-        why = wire.check_cpu_bound(setting, value, self._usable_cpus())
-        if why is not None:
-            self._refuse(req.id, setting.name, text, why, now)
-            return
-        if setting.numerics == "precision" and not req.allow_numerics:
-            self._refuse(req.id, setting.name, text, "it changes the arithmetic's precision, so what the training "
-                         "computes: only tried with --allow-numerics", now)  # fmt: skip
-            return
+        setting, value, text = checked.setting, checked.value, checked.text
         if setting.mode == wire.STEPS:
             why, old, new = self._prepare_knob(setting, value)
         else:
