@@ -72,7 +72,7 @@ def snapshot() -> dict:
     """Every kind of state the hook touches, as comparable values."""
     import torch.distributed as dist
 
-    from torchwatch.hook import runtime
+    from torchwatch.hook import patches
 
     patched = {
         "Optimizer.__init__": optim_mod.Optimizer.__dict__["__init__"],
@@ -90,8 +90,8 @@ def snapshot() -> dict:
         "spawn.start_processes": sp.start_processes,
         "torch.multiprocessing.spawn": tmp.spawn,
         "Work.wait": dc.Work.__dict__.get("wait"),
-        **{f"c10d.{n}": getattr(dc, n, None) for n in runtime.COLLECTIVES},
-        **{f"dist.{n}": getattr(dist, n, None) for n in runtime.COLLECTIVES},
+        **{f"c10d.{n}": getattr(dc, n, None) for n in patches.COLLECTIVES},
+        **{f"dist.{n}": getattr(dist, n, None) for n in patches.COLLECTIVES},
     }
     handlers = {}
     for sig in sorted(signal.valid_signals()):

@@ -56,6 +56,16 @@ def untyped_requests(package: Path) -> list[str]:
     return found
 
 
+def test_no_class_of_the_hook_is_over_400_lines() -> None:
+    assert long_classes(PACKAGE / "hook") == []
+
+
+def test_the_measure_sees_a_long_class(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_CLASS_LINES))
+    (tmp_path / "m.py").write_text(f"class Short:\n    pass\n\n\nclass Long:\n{body}\n")
+    assert long_classes(tmp_path) == [f"m.py:Long ({MAX_CLASS_LINES + 1} lines)"]
+
+
 def test_requests_are_typed_from_the_reader_to_the_hook() -> None:
     assert untyped_requests(PACKAGE) == []
 
