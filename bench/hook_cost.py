@@ -90,23 +90,23 @@ def per_call_us(rounds: int = 5, calls: int = 20_000) -> dict[str, float]:
 def _extra_us(call: Any, rounds: int, calls: int) -> float:
     """Median over ``rounds`` of the extra time per ``call()`` with the hook on, us: the same
     call timed with the hook switched off (its wrappers then only pass the call on) and on."""
-    from torchwatch.hook import runtime
+    from torchwatch.hook import patches
 
     extra = []
     try:
         for _ in range(rounds):
-            runtime._active = False
+            patches._active = False
             t0 = time.perf_counter()
             for _ in range(calls):
                 call()
             t1 = time.perf_counter()
-            runtime._active = True
+            patches._active = True
             for _ in range(calls):
                 call()
             t2 = time.perf_counter()
             extra.append(((t2 - t1) - (t1 - t0)) / calls * 1e6)
     finally:
-        runtime._active = True
+        patches._active = True
     return statistics.median(extra)
 
 
@@ -295,7 +295,7 @@ def burst_cost(n: int, seconds: float) -> dict[str, Any]:
             before = reader.counters()
             assert before is not None
             normal = statistics.median(e[1] for e in before.entries[-20:])
-            ok, msg = reader.request_burst({})
+            ok, msg = reader.request_burst()
             if not ok:
                 raise SystemExit(f"bench/hook_cost.py: {msg}")
             s = wait_for_burst(reader, i, 120).to_json()

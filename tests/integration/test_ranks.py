@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from torchwatch import wire
 from torchwatch.sources.hook import HookReader
 from torchwatch.watch.lifecycle import hook_env
 
@@ -169,7 +170,7 @@ def test_a_burst_on_every_rank_profiles_the_same_steps_into_one_folder_hta_reads
         start = max(steps) + 10  # what torchwatch will ask: past every rank, with a margin
         group = f"burst-test-{os.getpid()}"
         for reader in readers:
-            sent, message = reader.request_burst({"start_step": start, "group": group, "warmup": 1, "steps": 3})
+            sent, message = reader.request_burst(wire.BurstRequest(start_step=start, group=group, warmup=1, steps=3))
             assert sent, message
         results = [_wait_burst(r, time.monotonic() + 120) for r in readers]
     finally:

@@ -27,12 +27,18 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 def worker_probe(worker_id: int) -> None:
     """Runs in each DataLoader worker: does it carry an active hook?"""
+    from torchwatch.hook import patches
     from torchwatch.hook import runtime as rt
 
     handler = signal.getsignal(signal.SIGUSR2)
     with open(os.path.join(DIR, f"worker-{os.getpid()}.json"), "w") as f:
         json.dump(
-            {"active": rt._active, "current": rt.current() is not None, "default_handler": handler == signal.SIG_DFL}, f
+            {
+                "active": patches._active,
+                "current": rt.current() is not None,
+                "default_handler": handler == signal.SIG_DFL,
+            },
+            f,
         )
 
 

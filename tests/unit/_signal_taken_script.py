@@ -36,7 +36,7 @@ for _ in range(30):
     step()
 hook = runtime.current()
 req = wire.TrialRequest(7, "threads", "2", block_steps=1000, warmup=0, max_s=max_s)
-sent, why = HookReader(os.getpid()).request_trial(req.to_json())
+sent, why = HookReader(os.getpid()).request_trial(req)
 assert sent, why
 started = time.monotonic()
 while hook.trials.state is None or hook.trials.state.state != "running":

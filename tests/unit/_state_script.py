@@ -72,7 +72,7 @@ def snapshot() -> dict:
     """Every kind of state the hook touches, as comparable values."""
     import torch.distributed as dist
 
-    from torchwatch.hook import runtime
+    from torchwatch.hook import patches
 
     patched = {
         "Optimizer.__init__": optim_mod.Optimizer.__dict__["__init__"],
@@ -90,8 +90,8 @@ def snapshot() -> dict:
         "spawn.start_processes": sp.start_processes,
         "torch.multiprocessing.spawn": tmp.spawn,
         "Work.wait": dc.Work.__dict__.get("wait"),
-        **{f"c10d.{n}": getattr(dc, n, None) for n in runtime.COLLECTIVES},
-        **{f"dist.{n}": getattr(dist, n, None) for n in runtime.COLLECTIVES},
+        **{f"c10d.{n}": getattr(dc, n, None) for n in patches.COLLECTIVES},
+        **{f"dist.{n}": getattr(dist, n, None) for n in patches.COLLECTIVES},
     }
     handlers = {}
     for sig in sorted(signal.valid_signals()):
@@ -163,7 +163,7 @@ for cycle in range(cycles):
     reader = HookReader(os.getpid())
     for _ in range(2):
         count = hook.burster.count
-        sent, why = reader.request_burst({"steps": 2})
+        sent, why = reader.request_burst(wire.BurstRequest(steps=2))
         assert sent, why
         until(lambda c=count, r=reader: published_idle(r, c))
         out["bursts"].append(hook.burster.last.to_json() if hook.burster.last else None)
@@ -171,7 +171,7 @@ for cycle in range(cycles):
         trial_id += 1
         req = wire.TrialRequest(trial_id, setting, value, block_steps=2, warmup=0, max_s=20.0, min_pairs=2,
                                 max_blocks=4)  # fmt: skip
-        sent, why = reader.request_trial(req.to_json())
+        sent, why = reader.request_trial(req)
         assert sent, why
         until(lambda i=trial_id, h=hook: h.trials.state is not None and h.trials.state.id == i
               and h.trials.state.finished)  # fmt: skip
@@ -180,13 +180,13 @@ for cycle in range(cycles):
         step()
     out["after"].append(snapshot())
     if cycle == 1:  # taken out while a burst records
-        reader.request_burst({"steps": 5})
+        reader.request_burst(wire.BurstRequest(steps=5))
         until(lambda h=hook: h.burster.state == "running", 10.0)
         out["burst_state_at_detach"] = hook.burster.state
     elif cycle == 2:  # taken out while a trial runs: the training's value comes back
         trial_id += 1
         req = wire.TrialRequest(trial_id, "threads", "2", block_steps=40, warmup=0, max_s=60.0)
-        reader.request_trial(req.to_json())
+        reader.request_trial(req)
         until(lambda h=hook: h.trials.state is not None and h.trials.state.state == "running", 10.0)
         step()
         out["trial_at_detach"] = [hook.trials.state.state, torch.get_num_threads()]

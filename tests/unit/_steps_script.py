@@ -19,7 +19,7 @@ import time
 MODE, DIR = sys.argv[1], sys.argv[2]
 
 import torchwatch.hook  # noqa: E402
-from torchwatch.hook import runtime  # noqa: E402
+from torchwatch.hook import runtime, steps  # noqa: E402
 from torchwatch.sources.hook import HookReader  # noqa: E402
 
 installed = torchwatch.hook.install(directory=DIR)
@@ -75,7 +75,7 @@ def main() -> None:
                 opt.step()
                 opt.zero_grad()
     elif MODE == "never_stepped":
-        runtime.BACKWARD_DECIDE_CALLS, runtime.BACKWARD_DECIDE_S = 5, 0.2
+        steps.BACKWARD_DECIDE_CALLS, steps.BACKWARD_DECIDE_S = 5, 0.2
         torch.optim.SGD(model.parameters(), lr=0.1)  # made, never stepped
         for _ in range(ITERATIONS):
             manual_step()

@@ -35,13 +35,13 @@ def test_a_loader_setting_reaches_the_report_and_the_steps_panel() -> None:
     from tests.unit.test_tui_views import observation_of
     from torchwatch.faces import report
     from torchwatch.faces.tui import render
-    from torchwatch.hook import runtime as rt
+    from torchwatch.hook import steps
     from torchwatch.model.readings import SourceStatus
 
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=4, drop_last=True
     )
-    info = wire.LoaderInfo(**rt._loader_settings(loader), batches=2, wait_s=0.0, batch_bytes=None)
+    info = wire.LoaderInfo(**steps._loader_settings(loader), batches=2, wait_s=0.0, batch_bytes=None)
     record = hook_record(7, torch="2.13", dataloaders=[info.to_json()])  # through the reader's decoder
     assert record.dataloaders[0].drop_last is True
     reading = HookState(t=1.0, pid=7, steps=2, batches=2, data_wait_s=0.0, in_next_since=0.0, record=record)

@@ -115,7 +115,7 @@ def test_root_burst_request_survives_a_symlink_swapping_user(make_user: MakeUser
         reader = HookReader(target.pid, d)
         sent = 0
         for _ in range(200):
-            ok, _why = reader.request_burst({"steps": 2})
+            ok, _why = reader.request_burst(wire.BurstRequest(steps=2))
             sent += ok
         assert sent > 0  # the requests went through (the swapper only ever won races, never root's file)
     finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from torchwatch.hook import runtime
+from torchwatch.hook import steps
 
 SCRIPT = Path(__file__).with_name("_steps_script.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def test_explicit_collectives_are_timed_once_and_ddp_backward_is_not_a_collectiv
 
 
 def test_the_step_source_rule_is_documented_with_its_thresholds() -> None:
-    assert str(runtime.BACKWARD_DECIDE_CALLS) in runtime.STEP_SOURCE_RULE
+    assert str(steps.BACKWARD_DECIDE_CALLS) in steps.STEP_SOURCE_RULE
 
 
 def test_a_rank_known_from_its_environment_names_its_trace_and_marks_it_for_hta(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ LINT = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imp
 WIRE_ALONE = "The hook channel (wire) imports the standard library only: no other part, no third-party package"
 HOOK_ALONE = "The in-process hook imports the channel (wire), the standard library and torch (lazily) only"
 HOOK_BY_BOOT_PATH = "No part imports the in-process hook but the boot path"
+HOOK_PARTS = "The hook's parts (patches, steps, requests, traces, burst, trial) never import its runtime"
 MAX_WIRE_LINES = 400  # issue 34: each section of the hook channel's contract stays readable on its own
 
 
@@ -88,6 +89,12 @@ def test_a_forbidden_arrow_breaks_its_contract(tmp_path: Path) -> None:
             "import torchwatch.sources.nvml",
             HOOK_ALONE,
             "torchwatch.hook.gpu -> torchwatch.sources.nvml",
+        ),
+        (
+            "hook/steps.py",
+            "from torchwatch.hook import runtime",
+            HOOK_PARTS,
+            "torchwatch.hook.steps -> torchwatch.hook.runtime",
         ),
     ],
 )

@@ -46,6 +46,59 @@ def test_assignments_parse_to_a_setting_and_value_or_say_what_is_expected() -> N
             wire.parse_assignment(bad)
 
 
+@pytest.mark.parametrize(
+    ("text", "kw", "why", "setting", "words"),
+    [
+        ("threads", {}, "syntax", "threads", "is not SETTING=VALUE"),
+        ("warp=2", {}, "syntax", "warp", "unknown setting 'warp'"),
+        ("threads=two", {}, "syntax", "threads", "whole number"),
+        ("interop_threads=2", {}, "refused", "interop_threads", "not tried live: torch sets the inter-op pool"),
+        ("allow_tf32=1", {}, "numerics", "tf32", "only tried with --allow-numerics"),
+        ("num_threads=3", {"usable_cpus": 2.0}, "cpus", "threads", "threads=3 is beyond the 2"),
+        ("num_workers=9", {"usable_cpus": 2.0}, "cpus", "num_workers", r"beyond the 8 \(4 per CPU\)"),
+    ],
+)
+def test_one_check_of_a_trial_s_setting_says_why_it_is_not_tried(
+    text: str, kw: dict[str, Any], why: str, setting: str, words: str
+) -> None:
+    with pytest.raises(wire.NotTried, match=words) as caught:
+        wire.check_trial(text, **kw)
+    assert (caught.value.why, caught.value.setting) == (why, setting) and "\n" not in str(caught.value)
+
+
+def test_one_check_of_a_trial_s_setting_returns_the_setting_its_value_and_its_text() -> None:
+    a = wire.check_trial("intra_op_threads=2", usable_cpus=2.0)
+    assert (a.setting.name, a.value, a.text) == ("threads", 2, "2")
+    a = wire.check_trial("tf32=on", allow_numerics=True)
+    assert (a.setting.name, a.value, a.text) == ("tf32", True, "true")
+    assert wire.check_trial("threads=64").value == 64  # usable CPUs unknown: no bound
+
+
+def test_a_setting_is_parsed_once_by_torchwatch_and_once_by_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchwatch.watch.trials import check_assignment
+
+    calls: list[str] = []
+    parse = wire.Setting.parse
+
+    def counted(self: wire.Setting, text: str) -> Any:
+        calls.append(text)
+        return parse(self, text)
+
+    monkeypatch.setattr(wire.Setting, "parse", counted)
+    checked = check_assignment("threads=2", max_s=60.0)
+    plan = plan_trial([_CpusReader(1, 2.0)], checked)  # type: ignore[list-item]
+    assert plan.request.value == "2" and calls == ["2"]  # torchwatch's side: the command's check, once
+    calls.clear()
+    trials = _Host().trials()
+    try:
+        req = wire.decode_request(json.loads(json.dumps(plan.request.to_json())))
+        assert isinstance(req, wire.TrialRequest)
+        trials.on_request(req, time.monotonic(), 0)
+        assert trials.state is not None and trials.state.setting == "threads" and calls == ["2"]  # the hook's
+    finally:
+        trials.close()
+
+
 def test_blocks_alternate_on_off_off_on() -> None:
     assert [wire.is_on(i) for i in range(8)] == [True, False, False, True, True, False, False, True]
 
@@ -80,8 +133,17 @@ def test_one_polluted_pair_does_not_decide_once_five_pairs_are_in() -> None:
 def test_requests_and_states_are_bounded_and_round_trip() -> None:
     req = wire.TrialRequest(7, "threads", "2", block_steps=12, warmup=2, start_step=40)
     assert wire.TrialRequest.decode(json.loads(json.dumps(req.to_json()))) == req
-    assert req.to_json()["kind"] == wire.TRIAL_KIND and wire.request_kind(req.to_json()) == "trial"
-    assert wire.request_kind(None) == "burst" and wire.request_kind({"steps": 3}) == "burst"
+    assert req.to_json()["kind"] == wire.TRIAL_KIND and wire.decode_request(req.to_json()) == req
+    assert wire.decode_request(None) is None and wire.decode_request([1]) is None
+    assert wire.decode_request({"steps": 3}) == wire.BurstRequest(steps=3)
+    assert wire.decode_request({"kind": "other", "steps": 99}) == wire.BurstRequest(steps=20)  # clamped
+    assert wire.decode_request(wire.TrialStop(7).to_json()) == wire.TrialStop(7)
+    assert wire.decode_request({"kind": "trial-stop", "id": True}) == wire.TrialStop(0)  # ends no trial
+    bad = wire.decode_request({**req.to_json(), "warmup": 12, "setting": "x" * 99})
+    assert isinstance(bad, wire.BadTrial) and bad.id == 7 and "warmup" in bad.why and len(bad.setting) <= 40
+    assert wire.decode_request({"kind": "trial", "id": -1}) == wire.BadTrial(
+        1, "", "", "bad request: request.json.block_steps: missing"
+    )
     for field, value in [("block_steps", 1), ("warmup", 12), ("max_s", 1e9), ("id", 0), ("target", 0.9)]:
         with pytest.raises(WireError, match=field):
             wire.TrialRequest.decode({**req.to_json(), field: value})
@@ -137,10 +199,13 @@ class _Host:
         self.published += 1
 
 
-def _req(setting: str, value: str, **kw: Any) -> dict[str, Any]:
+def _req(setting: str, value: str, **kw: Any) -> wire.TrialRequest | wire.BadTrial:
+    """A trial's request as the hook decodes it from ``request.json``."""
     base = {"id": 5, "setting": setting, "value": value, "block_steps": 4, "warmup": 1, "max_s": 60.0,
             "target": 0.05, "min_pairs": 2, "max_blocks": 8, "keep": False, "allow_numerics": False}  # fmt: skip
-    return {"kind": "trial", **base, **kw}
+    req = wire.decode_request({"kind": "trial", **base, **kw})
+    assert isinstance(req, (wire.TrialRequest, wire.BadTrial))
+    return req
 
 
 def _drive(trials: Trials, step_s: dict[bool, float], steps: int = 200) -> list[int]:
@@ -201,9 +266,9 @@ def test_a_stop_request_or_the_exit_puts_the_value_back_at_once() -> None:
     trials.on_request(_req("gc_threshold", "12345"), time.monotonic(), 0)
     trials.on_step(1.0, 0.01, 1)  # block 1 opens: the threshold is the trial's
     assert gc.get_threshold()[0] == 12345
-    trials.on_request({"kind": "trial-stop", "id": 4}, time.monotonic(), 1)  # another trial's id: ignored
+    trials.on_request(wire.TrialStop(4), time.monotonic(), 1)  # another trial's id: ignored
     assert trials.active
-    trials.on_request({"kind": "trial-stop", "id": 5}, time.monotonic(), 1)
+    trials.on_request(wire.TrialStop(5), time.monotonic(), 1)
     assert not trials.active and gc.get_threshold() == before
     st = trials.state
     assert st is not None and st.state == "stopped" and st.restored is True
@@ -234,7 +299,9 @@ def test_the_timer_ends_a_trial_that_sees_no_step() -> None:
         (_req("threads", "2", block_steps=4, warmup=4), "bad request"),
     ],
 )
-def test_what_cannot_be_applied_or_undone_is_refused_before_anything_changes(req: dict[str, Any], why: str) -> None:
+def test_what_cannot_be_applied_or_undone_is_refused_before_anything_changes(
+    req: wire.TrialRequest | wire.BadTrial, why: str
+) -> None:
     before = (torch.get_num_threads(), gc.get_threshold())
     trials = _Host().trials()
     trials.on_request(req, time.monotonic(), 0)

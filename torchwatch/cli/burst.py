@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
+from torchwatch import wire
 from torchwatch.faces import report
 from torchwatch.faces.burst import burst_lines
 from torchwatch.model.errors import TorchwatchError, UsageError
@@ -63,7 +64,7 @@ def burst_command(pid_text: str, steps: int, wait_s: float, json_path: str | Non
     rec = reader.record()
     previous = rec.burst.count if rec is not None and rec.burst is not None else 0
     refused_before = refusal_t(rec)
-    sent, message = reader.request_burst({"steps": steps})
+    sent, message = reader.request_burst(wire.BurstRequest(steps=steps))
     if not sent:
         raise TorchwatchError(f"no burst: {message}", "start the training with torchwatch run, or hook it")
     print(f"torchwatch: {message}; waiting for the summary", file=sys.stderr)

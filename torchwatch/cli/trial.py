@@ -32,11 +32,11 @@ def trial_command(
         TorchwatchError: no such process, no hook, nothing could be sent.
     """
     pid = parse_pid(pid_text)
-    check_assignment(assignment, block_steps=steps, max_s=max_s, allow_numerics=allow_numerics)
+    checked = check_assignment(assignment, block_steps=steps, max_s=max_s, allow_numerics=allow_numerics)
     report.check_json_path(json_path)
     check_attachable(pid)
     readers = readers_for(pid)
-    plan = plan_trial(readers, assignment, block_steps=steps, max_s=max_s, keep=keep, allow_numerics=allow_numerics)
+    plan = plan_trial(readers, checked, block_steps=steps, max_s=max_s, keep=keep, allow_numerics=allow_numerics)
     req = plan.request
     setting = wire.find_setting(req.setting)
     assert setting is not None

@@ -16,22 +16,7 @@ for the profiled steps themselves. Bounds (traces of 1+ GB and memory growth acr
 profiles are known failure modes of always-on profiling): active steps, seconds, trace bytes
 (checked on the exported file before it is read); a cooldown between bursts.
 
-Where traces go (:func:`trace_dir`, one folder per training process and one per burst, so
-that HolisticTraceAnalysis, which keeps one trace per rank of a folder, and TensorBoard's
-profiler plugin, which reads ``*.pt.trace.json.gz``, each find exactly one burst)::
-
-    <trace_dir>/<host>_<pid>_<YYYYmmdd-HHMMSS>/          the run (this training process)
-        burst-1/<host>_<pid>[.rank<r>].1.pt.trace.json.gz  burst 1
-        burst-1.summary.json                              its summary, beside the folder
-        burst-2/...
-    <trace_dir>/<group>/                                 a burst asked of every rank with one group name
-        <host>_<pid>.rank<r>.<n>.pt.trace.json.gz        one trace per rank: one multi-rank trace for HTA
-    <trace_dir>/<group>.<host>_<pid>.rank<r>.<n>.summary.json   each rank's summary, beside the folder
-
-The rank (when known) is in the file name and in the trace's ``distributedInfo``: kineto writes
-that key itself once ``torch.distributed`` is initialised (rank, world size, backend, process
-groups); for a rank without it (identity from the environment only) the hook adds
-``{"rank": r}``, which is what HolisticTraceAnalysis reads to tell the ranks of a folder apart.
+Where traces go, and how they are written: :mod:`torchwatch.hook.traces`.
 
 A burst may start at a named step (``start_step``), so that every rank profiles the same steps:
 the profiler's ``ProfilerStep#N`` annotations then carry the hook's own step count (the same on
@@ -42,20 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
 import math
 import os
-import re
-import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .. import wire
-from . import flops
+from . import flops, traces
+from .traces import _host, run_name, trace_dir
 
 BurstParams = wire.BurstRequest  # the bounds of one burst, as torchwatch's request.json gives them
 ARM_MAX_S = 300.0  # a burst waiting for its start_step gives up after this long
@@ -70,15 +51,6 @@ def rss_bytes() -> int:
         return 0
 
 
-def trace_dir() -> Path:
-    """Where traces and their summaries are kept after the process exits:
-    ``$TORCHWATCH_TRACE_DIR``, else ``$XDG_CACHE_HOME/torchwatch/traces`` (``~/.cache`` by default)."""
-    if os.environ.get("TORCHWATCH_TRACE_DIR"):
-        return Path(os.environ["TORCHWATCH_TRACE_DIR"])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "torchwatch" / "traces"
-
-
 def _cooldown_s(default: float) -> float:
     """``$TORCHWATCH_BURST_COOLDOWN_S`` (0 to 1 h), else ``default`` (also for nan, inf, junk)."""
     try:
@@ -88,42 +60,20 @@ def _cooldown_s(default: float) -> float:
     return min(3600.0, max(0.0, value)) if math.isfinite(value) else default
 
 
-def run_name(instance: wire.Instance, started_wall: float) -> str:
-    """The folder of this training's traces: ``<host>_<pid>_<YYYYmmdd-HHMMSS>`` (local time the
-    hook started).
-
-    ``<host>_<pid>`` is the worker name TensorBoard's ``tensorboard_trace_handler`` uses. A
-    burst asked of every rank with a group name goes to the group's folder instead (see the
-    module docstring), one trace per rank.
-    """
-    return f"{_host()}_{instance.pid}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(started_wall))}"
-
-
-def _skip_to_object(src: Any) -> None:
-    """Read ``src`` (a JSON file) up to and including its first ``{``, so that what follows can
-    be written after an opening of our own.
-
-    Raises:
-        ValueError: the file does not start with a JSON object.
-    """
-    while True:
-        ch = src.read(1)
-        if ch == b"{":
-            return
-        if ch not in (b" ", b"\t", b"\r", b"\n"):
-            raise ValueError("not a Chrome trace: it does not start with a JSON object")
-
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.lstat(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
+def new_profiler(torch: Any, schedule: Any) -> Any:
+    """A ``torch.profiler.profile`` as a burst runs it: the CPU, and CUDA only when the training
+    already initialised it (the hook never creates a context); no shapes, stacks or memory."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_initialized():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=schedule,
+        record_shapes=False,
+        with_stack=False,  # measured: with_stack breaks top-level categories and triples the cost
+        profile_memory=False,
+    )
 
 
 class Burster:
@@ -314,23 +264,6 @@ class Burster:
         except Exception:
             return False
 
-    def _activities(self) -> list[Any]:
-        acts = [self.torch.profiler.ProfilerActivity.CPU]
-        # Only when the training already initialised CUDA: the hook never creates a context.
-        with contextlib.suppress(Exception):
-            if self.torch.cuda.is_initialized():
-                acts.append(self.torch.profiler.ProfilerActivity.CUDA)
-        return acts
-
-    def _new_profiler(self, schedule: Any) -> Any:
-        return self.torch.profiler.profile(
-            activities=self._activities(),
-            schedule=schedule,
-            record_shapes=False,
-            with_stack=False,  # measured: with_stack breaks top-level categories and triples the cost
-            profile_memory=False,
-        )
-
     def _start_profiler(self, now: float, schedule: Any, renumber: Callable[[Any], None] | None = None) -> bool:
         """Start ``torch.profiler`` now; on a clash or failure end the burst with the reason.
 
@@ -341,7 +274,7 @@ class Burster:
             self._abort(now, "another profiler became active before the burst started")
             return False
         try:
-            self._prof = self._new_profiler(schedule)
+            self._prof = new_profiler(self.torch, schedule)
             if renumber is not None:
                 renumber(self._prof)
             self._prof.start()
@@ -479,7 +412,7 @@ class Burster:
             last = wire.BurstResult(n, error=f"summary did not validate: {exc}"[: wire.TEXT])
         if last.trace_path is not None:
             with contextlib.suppress(OSError):
-                self._write_summary(n, last)
+                traces.write_summary(self.trace_root, self.run, self.params.group, self._stem(), n, last)
         self.last = last
         self._ended_at = time.monotonic()
         self.state, self.mode = "idle", ""
@@ -497,106 +430,20 @@ class Burster:
         rank = self._rank_or_none()
         return f"{_host()}_{self.instance.pid}" + ("" if rank is None else f".rank{rank}")
 
-    def _burst_folder(self, n: int) -> tuple[int, Path]:
-        """Open (creating as needed) the folder of burst ``n``: ``(its fd, its path)``; close the
-        fd. A group's folder may already exist, made by another rank of this user (the same
-        checks apply: ours, not open to others, not a link).
-
-        Raises:
-            OSError: a folder cannot be made or fails a check.
-        """
-        base_fd = wire.prepare_dir(self.trace_root, parents=True)
-        try:
-            group = self.params.group
-            if group is not None:
-                return wire.private_subdir(base_fd, group), self.trace_root / group
-            run_fd = wire.private_subdir(base_fd, self.run)
-        finally:
-            os.close(base_fd)
-        try:
-            return wire.private_subdir(run_fd, f"burst-{n}"), self.trace_root / self.run / f"burst-{n}"
-        finally:
-            os.close(run_fd)
-
     def _export(self, prof: Any, n: int) -> dict[str, Any]:
-        """Export burst ``n``'s trace into its folder, summarise it if it is within the size
-        bound, gzip it. Returns the summary's and the trace's fields.
+        """Export burst ``n``'s trace into its folder (:func:`traces.burst_folder`), summarise it
+        if it is within the size bound, gzip it (:func:`traces.export_trace`).
 
         Raises:
             OSError, ValueError: the trace folder cannot be used, or the trace cannot be read.
         """
-        burst_fd, folder = self._burst_folder(n)
-        # Temp names end in neither .json nor .gz: HTA, reading the folder while another rank is
-        # still writing, takes every such file for a rank's trace.
-        raw_name = f"{wire.TEMP_PREFIX}raw.{self.instance.pid}.{n}.part"
-        gz_name = f"{wire.TEMP_PREFIX}gz.{self.instance.pid}.{n}.part"
-        out: dict[str, Any] = {}
+        burst_fd, folder = traces.burst_folder(self.trace_root, self.run, self.params.group, n)
         try:
-            for name in (raw_name, gz_name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=burst_fd)
-            # torch writes by path: inside our own 0700 folder, which nobody else can change
-            prof.export_chrome_trace(str(folder / raw_name))
-            st = os.stat(raw_name, dir_fd=burst_fd, follow_symlinks=False)
-            out["trace_bytes"] = size = st.st_size
-            if size > self.params.max_bytes:
-                out["trace_path"] = None
-                out["trace_note"] = (
-                    f"trace of {size / 1e6:.0f} MB exceeds the {self.params.max_bytes / 1e6:.0f} MB bound: "
-                    "deleted unread"
-                )
-                out["error"] = out["trace_note"] + " (profile fewer steps)"
-                return out
-            from .summary import load_trace, summarize_trace
-
-            trace = load_trace(folder / raw_name)
-            try:
-                out.update(summarize_trace(trace))
-                has_rank = isinstance(trace.get("distributedInfo"), dict)
-            finally:
-                del trace
-            rank = self._rank_or_none()
-            head = b"" if has_rank or rank is None else b'{"distributedInfo": {"rank": %d}, ' % rank
-            final = f"{self._stem()}.{n}.pt.trace.json.gz"
-            if _exists(final, burst_fd):
-                raise OSError(f"{folder / final} already exists")
-            fd = os.open(
-                gz_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=burst_fd
+            return traces.export_trace(
+                prof, burst_fd, folder, self.instance.pid, n, self.params.max_bytes, self._rank_or_none, self._stem
             )
-            with (
-                open(raw_name, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW, dir_fd=burst_fd)) as src,
-                os.fdopen(fd, "wb") as raw_dst,
-                gzip.GzipFile(fileobj=raw_dst, mode="wb", compresslevel=3) as dst,
-            ):
-                if head:
-                    _skip_to_object(src)
-                    dst.write(head)
-                shutil.copyfileobj(src, dst, 1 << 20)
-            os.rename(gz_name, final, src_dir_fd=burst_fd, dst_dir_fd=burst_fd)
-            out["trace_path"] = str(folder / final)
-            out["trace_dir"] = str(folder)
-            out["trace_gz_bytes"] = os.stat(final, dir_fd=burst_fd).st_size
         finally:
-            for name in (raw_name, gz_name):
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=burst_fd)
             os.close(burst_fd)
-        return out
-
-    def _write_summary(self, n: int, last: wire.BurstResult) -> None:
-        """The summary beside the burst's folder (not in it: HTA reads every ``.json`` of the
-        folder it is given): ``burst-<n>.summary.json`` in the run folder, or
-        ``<group>.<host>_<pid>.rank<r>.<n>.summary.json`` beside a group's folder."""
-        group = self.params.group
-        if group is None:
-            where, name = self.trace_root / self.run, f"burst-{n}.summary.json"
-        else:
-            where, name = self.trace_root, f"{group}.{self._stem()}.{n}.summary.json"
-        fd = wire.open_dir(where, (os.geteuid(),), private=group is None)
-        try:
-            wire.write_atomic(fd, name, wire.encode_json(last.to_json()))
-        finally:
-            os.close(fd)
 
     def _abort(self, now: float, reason: str) -> None:
         self._cancel_timer()

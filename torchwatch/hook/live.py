@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import wire
-from . import ranks, runtime
+from . import ranks, runtime, steps
 
 FRAMES = 12  # frames above the DataLoader wrapper searched for the loader (the loop is usually 1-3 up)
 # Frames of the main thread searched at install time: it may be held deep inside a batch's
@@ -175,7 +175,7 @@ def settings_view(it: Any) -> types.SimpleNamespace:
 def _record(live: _Live, it: Any, loader: Any) -> Any:
     """Register iterator ``it`` with the hook under ``loader``, or a stand-in built from ``it``."""
     if loader is None:
-        if len(live.views) >= runtime.MAX_LOADERS:
+        if len(live.views) >= steps.MAX_LOADERS:
             live.views.pop(0)
         loader = settings_view(it)
         live.views.append(loader)
@@ -199,7 +199,7 @@ def _adopt_now(live: _Live, frame: types.FrameType | None) -> int:
     settings are published before the next batch arrives (on a slow loader, seconds later).
 
     Returns:
-        How many were registered (at most :data:`runtime.MAX_LOADERS`).
+        How many were registered (at most :data:`steps.MAX_LOADERS`).
     """
     classes = _loader_classes()
     if classes is None or live.hook.counters is None:
@@ -212,12 +212,12 @@ def _adopt_now(live: _Live, frame: types.FrameType | None) -> int:
         elif isinstance(value, classes[1]):
             iterators.setdefault(id(value), value)
     done = 0
-    for it in list(iterators.values())[: runtime.MAX_LOADERS]:
+    for it in list(iterators.values())[: steps.MAX_LOADERS]:
         loader = next((ld for ld in loaders.values() if _matches(ld, it)), None)
         _record(live, it, loader)
         loaders.pop(id(loader), None)
         done += 1
-    for loader in list(loaders.values())[: max(0, runtime.MAX_LOADERS - done)]:
+    for loader in list(loaders.values())[: max(0, steps.MAX_LOADERS - done)]:
         live.hook.loader_record(loader)
         done += 1
     return done

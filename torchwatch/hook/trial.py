@@ -182,6 +182,56 @@ class _Block:
                              round(statistics.median(d), 7) if d else 0.0)  # fmt: skip
 
 
+def _loader_refusal(
+    torch: Any, loader: Any, name: str, value: Any, req: wire.TrialRequest, typical_step_s: Callable[[], float | None]
+) -> tuple[str | None, Any]:
+    """Why a trial of the DataLoader setting ``name=value`` on ``loader`` is refused (one line),
+    else ``None``; and the loader's value now. Refused: the value it has already, an iterator
+    kept across epochs, an ``IterableDataset`` (workers would change the samples), prefetching
+    without workers, pinning without an accelerator, no length, or ``2 * min_pairs + 1`` epochs
+    (at the median step, s) beyond the request's ``max_s``."""
+    old = getattr(loader, name, None)
+    if name == "pin_memory":
+        old = bool(old)
+    if old == value:
+        return f"the DataLoader's {name} is already {wire.show_value(value)}: nothing to try", None
+    if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
+        return ("the DataLoader keeps its iterator across epochs (persistent_workers=True): no new iterator "
+                "would take the setting"), None  # fmt: skip
+    workers = value if name == "num_workers" else getattr(loader, "num_workers", 0)
+    if name == "num_workers":
+        from torch.utils.data import IterableDataset
+
+        if isinstance(getattr(loader, "dataset", None), IterableDataset):
+            return ("its dataset is an IterableDataset: each worker iterates it, so the samples would change "
+                    "with the number of workers unless it shards by worker"), None  # fmt: skip
+        if getattr(loader, "persistent_workers", False):
+            return "persistent_workers=True: an iterator with workers would be kept across epochs", None
+    if name == "prefetch_factor" and not workers:
+        return "prefetch_factor needs DataLoader workers (num_workers is 0)", None
+    if name == "pin_memory" and value:
+        try:
+            accel = bool(torch.accelerator.is_available())
+        except Exception:
+            accel = bool(torch.cuda.is_available())
+        if not accel:
+            return "no accelerator here: torch ignores pin_memory (nothing to measure)", None
+    try:
+        batches = len(loader)
+    except Exception:
+        return "the DataLoader has no length: a trial alternates whole epochs and cannot plan them", None
+    typical = typical_step_s()
+    if typical is None or typical <= 0:
+        return "no step measured yet", None
+    epoch_s = batches * typical
+    needed = 2 * req.min_pairs + 1
+    if epoch_s * needed > req.max_s:
+        return (f"an epoch of this DataLoader takes about {epoch_s:.0f} s ({batches} batches): a DataLoader "
+                f"setting changes at a new iterator, and {needed} epochs do not fit in --max-s "
+                f"{req.max_s:g} s"), None  # fmt: skip
+    return None, old
+
+
 class Trials:
     """The hook's live trials: at most one at a time; the last one's state is published.
 
@@ -238,16 +288,14 @@ class Trials:
         """A trial is waiting or running."""
         return self.state is not None and not self.state.finished
 
-    def on_request(self, req: dict[str, Any] | None, now: float, step: int) -> None:
-        """A ``trial`` or ``trial-stop`` request arrived (from the signal handler, main thread)."""
+    def on_request(self, req: wire.TrialRequest | wire.TrialStop | wire.BadTrial, now: float, step: int) -> None:
+        """A trial, the end of one, or a trial request that did not decode arrived (from the
+        signal handler, main thread; :func:`wire.decode_request`). Never raises."""
         try:
-            kind = wire.request_kind(req)
-            if kind == wire.TRIAL_STOP_KIND:
-                rid = req.get("id") if req else None
-                if self.active and self.state is not None and rid == self.state.id:
+            if isinstance(req, wire.TrialStop):
+                if self.active and self.state is not None and req.id == self.state.id:
                     self._end("stopped", "torchwatch ended the trial (it was stopped)", now)
                 return
-            assert req is not None
             self._start(req, now, step)
         except Exception as exc:
             self._fail(f"trial request: {exc!r}", now)
@@ -295,16 +343,12 @@ class Trials:
         self.state = wire.TrialState(rid, setting, value, "refused", reason=clean_text(why, TEXT), ended=now)
         self._changed()
 
-    def _start(self, raw: dict[str, Any], now: float, step: int) -> None:
-        raw_id = raw.get("id")
-        rid = raw_id if isinstance(raw_id, int) and 1 <= raw_id <= 1 << 31 else 1
-        name = clean_text(str(raw.get("setting", "")), 40)
-        text = clean_text(str(raw.get("value", "")), wire.VALUE_TEXT)
-        try:
-            req = wire.TrialRequest.decode(raw)
-        except WireError as exc:
-            self._refuse(rid, name, text, f"bad request: {exc}", now)
+    def _start(self, req: wire.TrialRequest | wire.BadTrial, now: float, step: int) -> None:
+        if isinstance(req, wire.BadTrial):
+            self._refuse(req.id, req.setting, req.value, req.why, now)
             return
+        name = clean_text(req.setting, 40)
+        text = clean_text(req.value, wire.VALUE_TEXT)
         if self.active and self.state is not None:
             if self.state.id != req.id:
                 self._refuse(req.id, name, text, f"trial {self.state.id} ({self.state.setting}) is running", now)
@@ -314,21 +358,13 @@ class Trials:
             self._refuse(req.id, name, text, why, now)
             return
         try:
-            setting, value, text = wire.parse_assignment(f"{req.setting}={req.value}")
-        except ValueError as exc:
-            self._refuse(req.id, name, text, str(exc), now)
+            checked = wire.check_trial(
+                f"{req.setting}={req.value}", allow_numerics=req.allow_numerics, usable_cpus=self._usable_cpus()
+            )
+        except wire.NotTried as exc:
+            self._refuse(req.id, exc.setting, exc.text, str(exc), now)
             return
-        if setting.refused is not None:
-            self._refuse(req.id, setting.name, text, setting.refused, now)
-            return
-        why = wire.check_cpu_bound(setting, value, self._usable_cpus())
-        if why is not None:
-            self._refuse(req.id, setting.name, text, why, now)
-            return
-        if setting.numerics == "precision" and not req.allow_numerics:
-            self._refuse(req.id, setting.name, text, "it changes the arithmetic's precision, so what the training "
-                         "computes: only tried with --allow-numerics", now)  # fmt: skip
-            return
+        setting, value, text = checked.setting, checked.value, checked.text
         if setting.mode == wire.STEPS:
             why, old, new = self._prepare_knob(setting, value)
         else:
@@ -368,46 +404,9 @@ class Trials:
         loader = self._loader_for(key) if key is not None else None
         if loader is None:
             return "no DataLoader iterator seen yet in this training", None, None
-        name = setting.name
-        old = getattr(loader, name, None)
-        if name == "pin_memory":
-            old = bool(old)
-        if old == value:
-            return f"the DataLoader's {name} is already {wire.show_value(value)}: nothing to try", None, None
-        if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
-            return ("the DataLoader keeps its iterator across epochs (persistent_workers=True): no new iterator "
-                    "would take the setting"), None, None  # fmt: skip
-        workers = value if name == "num_workers" else getattr(loader, "num_workers", 0)
-        if name == "num_workers":
-            from torch.utils.data import IterableDataset
-
-            if isinstance(getattr(loader, "dataset", None), IterableDataset):
-                return ("its dataset is an IterableDataset: each worker iterates it, so the samples would change "
-                        "with the number of workers unless it shards by worker"), None, None  # fmt: skip
-            if getattr(loader, "persistent_workers", False):
-                return "persistent_workers=True: an iterator with workers would be kept across epochs", None, None
-        if name == "prefetch_factor" and not workers:
-            return "prefetch_factor needs DataLoader workers (num_workers is 0)", None, None
-        if name == "pin_memory" and value:
-            try:
-                accel = bool(self.torch.accelerator.is_available())
-            except Exception:
-                accel = bool(self.torch.cuda.is_available())
-            if not accel:
-                return "no accelerator here: torch ignores pin_memory (nothing to measure)", None, None
-        try:
-            batches = len(loader)
-        except Exception:
-            return "the DataLoader has no length: a trial alternates whole epochs and cannot plan them", None, None
-        typical = self._typical()
-        if typical is None or typical <= 0:
-            return "no step measured yet", None, None
-        epoch_s = batches * typical
-        needed = 2 * req.min_pairs + 1
-        if epoch_s * needed > req.max_s:
-            return (f"an epoch of this DataLoader takes about {epoch_s:.0f} s ({batches} batches): a DataLoader "
-                    f"setting changes at a new iterator, and {needed} epochs do not fit in --max-s "
-                    f"{req.max_s:g} s"), None, None  # fmt: skip
+        why, old = _loader_refusal(self.torch, loader, setting.name, value, req, self._typical)
+        if why is not None:
+            return why, None, None
         self._loader_key = key
         return None, old, value
 

@@ -373,8 +373,9 @@ class HookReader:
             return False, f"a burst is already {state}"
         return True, f"ready ({name})"
 
-    def request_burst(self, params: dict[str, Any] | None = None) -> tuple[bool, str]:
-        """Write ``request.json`` and send the hook's signal, after the safety checks.
+    def request_burst(self, params: wire.BurstRequest | None = None) -> tuple[bool, str]:
+        """Write ``request.json`` (``params``, else the default bounds) and send the hook's
+        signal, after the safety checks. The hook clamps each bound to its safe range.
 
         Returns:
             ``(sent, message)``; the result appears later in ``info()["burst"]["last"]``.
@@ -385,15 +386,15 @@ class HookReader:
         rec = self.record()
         if rec is None:
             return False, self.reason
-        sent, message = self._send(wire.BurstRequest.from_request(params).to_json(), rec)
+        sent, message = self._send(params if params is not None else wire.BurstRequest(), rec)
         if not sent:
             return False, message
         count = rec.burst.count if rec.burst is not None else 0
         return True, f"burst #{count + 1} requested from PID {self.pid}"
 
-    def request_trial(self, request: dict[str, Any]) -> tuple[bool, str]:
+    def request_trial(self, request: wire.TrialRequest | wire.TrialStop) -> tuple[bool, str]:
         """Write a live trial's ``request.json`` (a :class:`~torchwatch.wire.TrialRequest`
-        or a ``trial-stop`` as JSON) and send the hook's signal, after the same checks as a
+        or a :class:`~torchwatch.wire.TrialStop`) and send the hook's signal, after the same checks as a
         burst's (the hook owns and catches its signal); the hook answers in ``record().trial``.
 
         Returns:
@@ -407,8 +408,10 @@ class HookReader:
             return False, why
         return self._send(request, rec)
 
-    def _send(self, payload: dict[str, Any], rec: wire.HookRecord) -> tuple[bool, str]:
-        """Write ``payload`` as ``request.json`` and signal the hook of ``rec``."""
+    def _send(
+        self, request: wire.BurstRequest | wire.TrialRequest | wire.TrialStop, rec: wire.HookRecord
+    ) -> tuple[bool, str]:
+        """Write ``request`` as ``request.json`` and signal the hook of ``rec``."""
         if self.dir is None:
             return False, self.reason
         try:
@@ -416,7 +419,7 @@ class HookReader:
             try:
                 # A new file of ours (root's, when root runs torchwatch), renamed into place:
                 # nothing of the target user's is opened for writing or chown'ed.
-                wire.write_atomic(fd, wire.REQUEST_FILE, wire.encode_json(payload), 0o644)
+                wire.write_atomic(fd, wire.REQUEST_FILE, wire.encode_json(request.to_json()), 0o644)
             finally:
                 os.close(fd)
         except (OSError, ValueError) as exc:

@@ -57,6 +57,7 @@ from torchwatch.watch.hang import HangRecorder
 from torchwatch.watch.memwatch import MemoryWatch
 from torchwatch.watch.observe import Tick, Trends, observe, target_view
 from torchwatch.watch.roles import RoleProbe
+from torchwatch.wire import BurstRequest
 
 log = logging.getLogger(__name__)
 
@@ -572,7 +573,7 @@ class Session:
             return False, "the training has exited"
         return reader.burst_possible()
 
-    def request_burst(self, params: dict[str, object] | None = None) -> tuple[bool, str]:
+    def request_burst(self, params: BurstRequest | None = None) -> tuple[bool, str]:
         """Ask the focus process's hook for a profiler burst (non-blocking; see
         :meth:`HookReader.request_burst`); the samplers go back to the fast cadence to watch it."""
         self.wake("a profiler burst was asked for")

@@ -75,37 +75,43 @@ def _typical_step(readers: Sequence[HookReader]) -> tuple[float | None, int]:
     return durations[len(durations) // 2], furthest
 
 
+_HINTS = {
+    "syntax": "e.g. threads=2 or num_workers=4; torchwatch trial --help lists them",
+    "refused": "change it in the script",
+    "numerics": "add --allow-numerics to try it anyway",
+    "cpus": "try a value within the usable CPUs (torchwatch doctor PID shows them)",
+}
+
+
 def check_assignment(
     assignment: str, *, block_steps: int | None = None, max_s: float = 60.0, allow_numerics: bool = False
-) -> tuple[wire.Setting, str]:
-    """The setting and value text of ``assignment`` (``SETTING=VALUE``), checked before anything
-    is read or sent.
+) -> wire.Assignment:
+    """``assignment`` (``SETTING=VALUE``) parsed and checked (:func:`wire.check_trial`, the
+    check the hook makes too) before anything is read or sent; :func:`plan_trial` takes the result.
 
     Raises:
         UsageError: not ``SETTING=VALUE``, an unknown setting or value, a setting never tried live,
             a precision setting without ``allow_numerics``, ``block_steps`` or ``max_s`` out of range.
     """
     try:
-        setting, _value, text = wire.parse_assignment(assignment)
-    except ValueError as exc:
-        raise UsageError(str(exc), "e.g. threads=2 or num_workers=4; torchwatch trial --help lists them") from None
-    if setting.refused is not None:
-        raise UsageError(f"{setting.name} is not tried live: {setting.refused}", "change it in the script")
-    if setting.numerics == "precision" and not allow_numerics:
-        raise UsageError(
-            f"{setting.name} changes the precision of the training's arithmetic (what it computes)",
-            "add --allow-numerics to try it anyway",
-        )
+        checked = wire.check_trial(assignment, allow_numerics=allow_numerics)
+    except wire.NotTried as exc:
+        raise UsageError(str(exc), _HINTS[exc.why]) from None
+    _check_bounds(block_steps, max_s)
+    return checked
+
+
+def _check_bounds(block_steps: int | None, max_s: float) -> None:
+    """Raises: UsageError (``max_s`` not 5 to 600 s, ``block_steps`` not 2 to 1000)."""
     if not 5 <= max_s <= 600:
         raise UsageError(f"--max-s must be 5 to 600, not {max_s:g}", "a trial is bounded")
     if block_steps is not None and not 2 <= block_steps <= 1000:
         raise UsageError(f"--steps must be 2 to 1000, not {block_steps}", "steps per block")
-    return setting, text
 
 
 def plan_trial(
     readers: Sequence[HookReader],
-    assignment: str,
+    assignment: str | wire.Assignment,
     *,
     block_steps: int | None = None,
     max_s: float = 60.0,
@@ -114,7 +120,9 @@ def plan_trial(
     target: float = 0.05,
     rng: random.Random | None = None,
 ) -> Plan:
-    """The request for ``assignment`` (``SETTING=VALUE``) on the processes of ``readers``.
+    """The request for ``assignment`` (``SETTING=VALUE``, or what :func:`check_assignment`
+    returned for it with the same ``allow_numerics``: it is not parsed again) on the processes
+    of ``readers``.
 
     Blocks last about :data:`BLOCK_S` s (from the median step), at least 5 steps; a fifth of
     each, 1 to 5 steps, is dropped after each switch. Several ranks start
@@ -127,11 +135,16 @@ def plan_trial(
             (:func:`wire.cpu_bound`, the fewest CPUs of the ranks).
         TorchwatchError: no step measured yet (steps mode: blocks cannot be planned).
     """
-    setting, text = check_assignment(assignment, block_steps=block_steps, max_s=max_s, allow_numerics=allow_numerics)
+    if isinstance(assignment, wire.Assignment):
+        checked = assignment
+        _check_bounds(block_steps, max_s)
+    else:
+        checked = check_assignment(assignment, block_steps=block_steps, max_s=max_s, allow_numerics=allow_numerics)
+    setting, text = checked.setting, checked.text
     cpus = [c for c in (_usable_cpus(r) for r in readers) if c is not None]
-    why = wire.check_cpu_bound(setting, setting.parse(text), min(cpus) if cpus else None)
+    why = wire.check_cpu_bound(setting, checked.value, min(cpus) if cpus else None)
     if why is not None:
-        raise UsageError(why, "try a value within the usable CPUs (torchwatch doctor PID shows them)")
+        raise UsageError(why, _HINTS["cpus"])
     typical, furthest = _typical_step(readers)
     if block_steps is None:
         if typical is None:
@@ -172,9 +185,8 @@ def run_trial(
         TorchwatchError: the request could be sent to no process.
     """
     out = Outcome(plan)
-    payload = plan.request.to_json()
     for reader in readers:
-        sent, message = reader.request_trial(payload)
+        sent, message = reader.request_trial(plan.request)
         if not sent:
             out.not_sent[reader.pid] = message
         else:
@@ -207,7 +219,7 @@ def run_trial(
         signum = stopped()
         if signum is not None and stop_deadline is None:
             out.stopped_by = signum
-            stop = {"kind": wire.TRIAL_STOP_KIND, "id": plan.request.id}
+            stop = wire.TrialStop(plan.request.id)
             for reader in live.values():
                 reader.request_trial(stop)
             stop_deadline = now + STOP_WAIT_S

@@ -12,7 +12,8 @@ Files, one directory per hooked process instance (:mod:`~torchwatch.wire.files`)
             counters             the hook updates in place through mmap (Counters), torchwatch reads
                                  (read_counters); fixed binary layout (HEADER, a ring of RING steps); 0600
             request.json         torchwatch writes before its signal (BurstRequest, or a TrialRequest with
-                                 "kind": "trial"), the hook reads and removes; 0644
+                                 "kind": "trial", or a TrialStop), the hook reads, decodes once into a
+                                 typed Request (decode_request) and removes; 0644
 
 A burst or a trial is asked with a signal (:mod:`~torchwatch.wire.signals`: SIGUSR1, SIGUSR2 or a
 real-time signal, never one that stops a process) after ``request.json`` is in place. No network
@@ -28,8 +29,9 @@ Sections (each a module of this package, none over 400 lines):
   :class:`OomRecord`, :class:`GpuSettings`), ``ranks`` (:class:`RankInfo`), ``compile``
   (:class:`CompileInfo`), ``cpus`` (:class:`ThreadSettings`, and the usable CPUs both sides read)
   ``trial`` (:class:`TrialState`) and ``progress`` (:class:`ProgressInfo`: epoch, batch, loss);
-- ``request``: the burst request; ``trial`` and ``settings``: the live trial's request, state,
-  statistics and the settings it may change;
+- ``request``: ``request.json`` decoded into one typed :data:`Request` (the burst's bounds, a
+  trial, its end); ``trial`` and ``settings``: the live trial's request, state, statistics and
+  the settings it may change, each ``SETTING=VALUE`` checked by one :func:`check_trial`;
 - ``counters``: the ``counters`` layout and its decoder; ``counterfile``: its writer and reader;
 - ``files``: the directory, its files and how both sides open, write and remove them safely;
   ``roots``: reaching them from outside a training in another mount namespace (a container);

@@ -1,6 +1,9 @@
-"""The burst request (``request.json`` without ``"kind"``, written by torchwatch before its
-signal): the bounds of one burst (:class:`BurstRequest`), each clamped to a safe range when read,
-and the name a multi-rank burst's traces share (:func:`group_name_ok`)."""
+"""``request.json``, written by torchwatch before its signal and decoded once by the hook into
+one typed :data:`Request` (:func:`decode_request`): a burst's bounds (:class:`BurstRequest`, the
+request without ``"kind"``, each bound clamped to a safe range when read), a live trial
+(:class:`~torchwatch.wire.trial.TrialRequest`, ``"kind": "trial"``; one that does not decode is
+a :class:`BadTrial`, refused with why) or the end of one (:class:`TrialStop`); and the name a
+multi-rank burst's traces share (:func:`group_name_ok`)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .base import _U63
+from .base import _U63, TEXT, WireError, clean_text
+from .settings import VALUE_TEXT
+from .trial import TRIAL_KIND, TRIAL_STOP_KIND, TrialRequest
 
-__all__ = ["BurstRequest", "group_name_ok"]
+__all__ = ["BadTrial", "BurstRequest", "Request", "TrialStop", "decode_request", "group_name_ok"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +90,64 @@ def group_name_ok(name: object) -> bool:
 
 def _count_or_none(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U63 else None
+
+
+@dataclass(frozen=True)
+class TrialStop:
+    """End the running trial now (``request.json`` with ``"kind": "trial-stop"``: torchwatch
+    was stopped). ``id``: the trial's (:class:`~torchwatch.wire.trial.TrialRequest`), 0 when
+    the request's is not a valid one (it then ends no trial)."""
+
+    id: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object, with ``"kind": "trial-stop"``."""
+        return {"kind": TRIAL_STOP_KIND, "id": self.id}
+
+
+@dataclass(frozen=True)
+class BadTrial:
+    """A ``"kind": "trial"`` request that does not decode: the hook refuses it with ``why``.
+
+    Attributes:
+        id: the request's id when it is one (1 to 2**31), else 1.
+        setting / value: the request's, as text (cleaned, ``""`` when missing).
+        why: the decoder's one line (:class:`~torchwatch.wire.base.WireError`).
+    """
+
+    id: int
+    setting: str
+    value: str
+    why: str
+
+
+Request = BurstRequest | TrialRequest | TrialStop | BadTrial
+"""One decoded ``request.json`` (:func:`decode_request`)."""
+
+
+def decode_request(raw: object) -> Request | None:
+    """``request.json``'s JSON value as a typed request; ``None`` when it is not a JSON object
+    (the hook then acts as without a request). Never raises: a burst's bounds are clamped
+    (:meth:`BurstRequest.from_request`), a trial that does not decode is a :class:`BadTrial`.
+    A ``"kind"`` other than ``"trial"`` or ``"trial-stop"`` is a burst's request."""
+    if not isinstance(raw, dict):
+        return None
+    kind = raw.get("kind")
+    if kind == TRIAL_STOP_KIND:
+        return TrialStop(_trial_id(raw.get("id")) or 0)
+    if kind != TRIAL_KIND:
+        return BurstRequest.from_request(raw)
+    try:
+        return TrialRequest.decode(raw)
+    except WireError as exc:
+        return BadTrial(
+            _trial_id(raw.get("id")) or 1,
+            clean_text(str(raw.get("setting", "")), 40),
+            clean_text(str(raw.get("value", "")), VALUE_TEXT),
+            clean_text(f"bad request: {exc}", TEXT),
+        )
+
+
+def _trial_id(v: object) -> int | None:
+    """``v`` when it is a trial's id (an int from 1 to 2**31, not a bool), else ``None``."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 31 else None

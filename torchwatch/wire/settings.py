@@ -29,8 +29,11 @@ __all__ = [
     "STEPS",
     "VALUE_TEXT",
     "WORKERS_PER_CPU",
+    "Assignment",
+    "NotTried",
     "Setting",
     "check_cpu_bound",
+    "check_trial",
     "cpu_bound",
     "find_setting",
     "parse_assignment",
@@ -176,6 +179,71 @@ def parse_assignment(text: str) -> tuple[Setting, Any, str]:
     except ValueError as exc:
         raise ValueError(f"{setting.name}={clean_text(value, 20)}: {exc}") from None
     return setting, parsed, show_value(parsed)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A ``SETTING=VALUE`` a live trial may try (:func:`check_trial`).
+
+    Attributes:
+        setting: the setting (its canonical name in ``setting.name``).
+        value: the parsed value (an int, bool, tuple of ints or str: :meth:`Setting.parse`).
+        text: the value as the command line writes it (:func:`show_value`).
+    """
+
+    setting: Setting
+    value: Any
+    text: str
+
+
+class NotTried(ValueError):
+    """A ``SETTING=VALUE`` a live trial does not try; ``str()`` is the one line that says why.
+
+    Attributes:
+        why: ``"syntax"`` (not ``SETTING=VALUE``, an unknown setting, a value it does not take),
+            ``"refused"`` (never tried live: :attr:`Setting.refused`), ``"numerics"`` (a
+            ``precision`` setting without ``allow_numerics``) or ``"cpus"`` (beyond
+            :func:`cpu_bound`).
+        setting: the setting's name (its canonical name once known, else as written, cleaned).
+        text: the value as written (cleaned), or as :func:`show_value` shows it once parsed.
+    """
+
+    def __init__(self, message: str, why: str, setting: str, text: str) -> None:
+        super().__init__(message)
+        self.why = why
+        self.setting = setting
+        self.text = text
+
+
+def check_trial(text: str, *, allow_numerics: bool = False, usable_cpus: float | None = None) -> Assignment:
+    """``SETTING=VALUE`` parsed and checked for a live trial: the one check both sides make
+    (torchwatch before it sends a trial, the hook before it applies one), so they refuse alike.
+
+    Args:
+        text: ``SETTING=VALUE`` (a name or an alias of :data:`SETTINGS`).
+        allow_numerics: a ``precision`` setting may be tried (``--allow-numerics``).
+        usable_cpus: the training's usable CPUs (:func:`cpu_bound`); ``None``: not checked.
+
+    Raises:
+        NotTried: the first check that fails, in the order syntax, refused, numerics, cpus.
+    """
+    name, _sep, raw = text.partition("=")
+    try:
+        setting, value, shown = parse_assignment(text)
+    except ValueError as exc:
+        raise NotTried(str(exc), "syntax", clean_text(name.strip(), 40), clean_text(raw, VALUE_TEXT)) from None
+    if setting.refused is not None:
+        raise NotTried(f"{setting.name} is not tried live: {setting.refused}", "refused", setting.name, shown)
+    if setting.numerics == "precision" and not allow_numerics:
+        raise NotTried(
+            f"{setting.name} changes the precision of the training's arithmetic (what it computes): "
+            "only tried with --allow-numerics",
+            "numerics", setting.name, shown,
+        )  # fmt: skip
+    why = check_cpu_bound(setting, value, usable_cpus)
+    if why is not None:
+        raise NotTried(why, "cpus", setting.name, shown)
+    return Assignment(setting, value, shown)
 
 
 def show_value(value: object) -> str:

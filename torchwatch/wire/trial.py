@@ -15,7 +15,7 @@ workers) is part of what the setting costs, as it is in two separate runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,6 @@ __all__ = [
     "TrialState",
     "estimate",
     "is_on",
-    "request_kind",
     "t975",
     "trimmed_interval",
 ]
@@ -330,9 +329,3 @@ class TrialState:
     def finished(self) -> bool:
         """Whether the trial is over (done, refused, stopped or failed)."""
         return self.state not in ("waiting", "running")
-
-
-def request_kind(req: Mapping[str, Any] | None) -> str:
-    """The kind of a ``request.json`` dict: ``"trial"``, ``"trial-stop"`` or ``"burst"``."""
-    kind = req.get("kind") if req else None
-    return kind if kind in (TRIAL_KIND, TRIAL_STOP_KIND) else "burst"
