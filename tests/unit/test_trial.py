@@ -278,6 +278,30 @@ def test_a_stop_request_or_the_exit_puts_the_value_back_at_once() -> None:
     assert gc.get_threshold() == before and trials.state is not None and trials.state.state == "stopped"
 
 
+def test_a_second_trial_request_is_refused_apart_and_the_running_trial_still_puts_its_value_back() -> None:
+    """A request of another id while a trial runs (a second torchwatch) is answered in
+    ``trial_refused``; the running trial keeps its state, and its setting is put back at the end.
+    Before, the refusal replaced the running trial's state: it was no longer active, and its
+    ``gc_threshold`` stayed the trial's after the training's exit."""
+    before = gc.get_threshold()
+    host = _Host()
+    trials = host.trials()
+    trials.on_request(_req("gc_threshold", "12345"), time.monotonic(), 0)
+    trials.on_step(1.0, 0.01, 1)
+    assert gc.get_threshold()[0] == 12345
+    trials.on_request(_req("threads", "1", id=77), time.monotonic(), 1)
+    assert trials.active and trials.state is not None and trials.state.id == 5
+    refused = trials.refused
+    assert refused is not None and (refused.id, refused.state) == (77, "refused")
+    assert refused.reason == "trial 5 (gc_threshold) is running"
+    rec = wire.HookRecord(wire.Instance(10, 1, 2), "3.12", "2.13", 1.0, 12, True, trial=trials.state)
+    back = wire.HookRecord.decode(json.loads(json.dumps({**rec.to_json(), "trial_refused": refused.to_json()})))
+    assert back.trial_refused == refused and back.trial is not None and back.trial.id == 5
+    trials.close()
+    assert gc.get_threshold() == before
+    assert trials.state is not None and trials.state.state == "stopped" and trials.state.restored is True
+
+
 def test_the_timer_ends_a_trial_that_sees_no_step() -> None:
     before = gc.get_threshold()
     trials = _Host().trials()

@@ -296,6 +296,7 @@ class Hook(StepClock, LoaderWatch, Requests):
             threads=self.threads,
             compile=self.compile.info,
             trial=self.trials.state if self.trials is not None else None,
+            trial_refused=self.trials.refused if self.trials is not None else None,
             oom=self.oom.record,
             progress=self.progress(),
         )

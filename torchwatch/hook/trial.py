@@ -267,6 +267,7 @@ class Trials:
         self._busy = busy
         self._typical = typical_step_s
         self.state: wire.TrialState | None = None
+        self.refused: wire.TrialState | None = None  # the last request refused while a trial ran
         self.req: wire.TrialRequest | None = None
         self.setting: wire.Setting | None = None
         self._knob: _Knob | None = None
@@ -350,8 +351,10 @@ class Trials:
         name = clean_text(req.setting, 40)
         text = clean_text(req.value, wire.VALUE_TEXT)
         if self.active and self.state is not None:
-            if self.state.id != req.id:
-                self._refuse(req.id, name, text, f"trial {self.state.id} ({self.state.setting}) is running", now)
+            if self.state.id != req.id:  # answered apart: the running trial's state (and put-back) stays
+                running = clean_text(f"trial {self.state.id} ({self.state.setting}) is running", TEXT)
+                self.refused = wire.TrialState(req.id, name, text, "refused", reason=running, ended=now)
+                self._changed()
             return
         why = self._busy()
         if why is not None:

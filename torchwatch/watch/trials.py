@@ -207,6 +207,8 @@ def run_trial(
             if rec.rank is not None and rec.rank.rank is not None:
                 out.ranks[pid] = rec.rank.rank
             st = rec.trial
+            if not (isinstance(st, wire.TrialState) and st.id == plan.request.id):
+                st = rec.trial_refused  # refused while another trial ran there
             if isinstance(st, wire.TrialState) and st.id == plan.request.id:
                 out.states[pid] = st
                 if st.finished:

@@ -98,6 +98,9 @@ class HookRecord:
             added.
         trial: the last live trial of a setting (:class:`~torchwatch.wire.trial.TrialState`),
             ``None`` before the first; added.
+        trial_refused: the last trial request refused because another trial was running (state
+            ``refused``, with the reason), kept apart from ``trial`` so that the running trial's
+            state, and the put-back of its setting, stay; ``None`` before one; added.
         compile: what ``torch.compile`` did (:class:`CompileInfo`), ``None`` before it compiled; added.
         oom: the last CUDA out-of-memory error the hook saw (:class:`OomRecord`), ``None`` before one; added.
         progress: the epoch, the batch in it and the loss readings (:class:`ProgressInfo`),
@@ -129,6 +132,7 @@ class HookRecord:
     compile: CompileInfo | None = None
     oom: OomRecord | None = None
     progress: ProgressInfo | None = None
+    trial_refused: TrialState | None = None
 
     @classmethod
     def decode(cls, value: object, where: str = "hook.json") -> HookRecord:
@@ -169,6 +173,7 @@ class HookRecord:
             compile=_opt(o.d.get("compile"), f"{where}.compile", CompileInfo.decode),
             oom=_opt(o.d.get("oom"), f"{where}.oom", OomRecord.decode),
             progress=_opt(o.d.get("progress"), f"{where}.progress", ProgressInfo.decode),
+            trial_refused=_opt(o.d.get("trial_refused"), f"{where}.trial_refused", TrialState.decode),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -202,4 +207,5 @@ class HookRecord:
             **({} if self.compile is None else {"compile": self.compile.to_json()}),
             **({} if self.oom is None else {"oom": self.oom.to_json()}),
             **({} if self.progress is None else {"progress": self.progress.to_json()}),
+            **({} if self.trial_refused is None else {"trial_refused": self.trial_refused.to_json()}),
         }
