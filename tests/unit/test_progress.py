@@ -206,6 +206,17 @@ def _observed(reads: list[HookState]) -> Observation:
     return observe(store, tick, Trends())
 
 
+def _metrics(obs: Observation) -> dict[str, float]:
+    """``{sample name: value}`` of one Prometheus exposition of ``obs`` (serve's collector)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ObservationCollector(lambda: [obs], "node1"))
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+
+
 def test_the_report_status_line_and_metrics_show_progress_and_loss() -> None:
     obs = _observed(readings(25, lambda step, t: math.nan if step >= 200 else 1.0))
     data = report.build(obs, watched_s=25.0).to_json()
@@ -221,13 +232,7 @@ def test_the_report_status_line_and_metrics_show_progress_and_loss() -> None:
     assert "loss-not-finite" in text
     line = status_line(obs, 25.0)
     assert "epoch 3 · 51/100" in line and "health: loss-not-finite" in line
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ObservationCollector(lambda: [obs], "node1"))
-    got = {
-        s.name: s.value
-        for family in text_string_to_metric_families(generate_latest(registry).decode())
-        for s in family.samples
-    }
+    got = _metrics(obs)
     assert got["torchwatch_epoch"] == 3 and math.isnan(got["torchwatch_loss"])
     assert got["torchwatch_eta_seconds"] == pytest.approx(4.9, rel=0.1)
 
@@ -332,13 +337,7 @@ def test_the_report_status_line_and_metrics_show_the_bar() -> None:
     assert back.progress is not None and back.progress.bar_total == 10
     assert 'tqdm "Epochs" 4/10 · 1 min 15 s left' in report.render_text(back)
     assert 'tqdm "Epochs" 4/10' in status_line(obs, 25.0)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ObservationCollector(lambda: [obs], "node1"))
-    got = {
-        s.name: s.value
-        for family in text_string_to_metric_families(generate_latest(registry).decode())
-        for s in family.samples
-    }
+    got = _metrics(obs)
     assert got["torchwatch_progress_bar_done_ratio"] == pytest.approx(0.4)
     assert got["torchwatch_progress_bar_eta_seconds"] == pytest.approx(75.0, rel=1e-3)
 
