@@ -152,12 +152,18 @@ def _rate(readings: Sequence[HookState], epoch: int | None, now: float) -> float
         and h.record.progress is not None
         and h.record.progress.epoch == epoch
     ]
+    return _pace(points)
+
+
+def _pace(points: Sequence[tuple[float, float]]) -> float | None:
+    """How fast ``(t, amount)`` points (oldest first) moved: the amount's rise from the first to
+    the last over their times, per s; ``None`` under 2 points or 2 s, or when it did not rise."""
     if len(points) < 2:
         return None
-    (t0, b0), (t1, b1) = points[0], points[-1]
-    if t1 - t0 < 2.0 or b1 <= b0:
+    (t0, a0), (t1, a1) = points[0], points[-1]
+    if t1 - t0 < 2.0 or a1 <= a0:
         return None
-    return (b1 - b0) / (t1 - t0)
+    return (a1 - a0) / (t1 - t0)
 
 
 def _made(h: HookState) -> float:
@@ -170,7 +176,8 @@ def _made(h: HookState) -> float:
 
 def _last_bars(readings: Sequence[HookState]) -> tuple[float, tuple[BarInfo, ...]]:
     """The bars of the last reading that had any, and when the hook made that record (monotonic
-    s); a bar closed at the end of its loop stays shown. ``(0.0, ())`` when none had a bar."""
+    s): a bar closed at the end of its loop (its script then saves and exits) stays shown at its
+    last reading, as tqdm leaves it on the screen. ``(0.0, ())`` when none had a bar."""
     for h in reversed(readings):
         p = h.record.progress if h.record is not None else None
         if p is not None and p.bars:
@@ -194,20 +201,13 @@ def _bar_rate(readings: Sequence[HookState], outer: BarInfo, start: float, now: 
         same = (bar.desc, bar.total) == (outer.desc, outer.total)
         if same and abs((_made(h) - bar.elapsed_s) - start) < 1.0:
             points.append((_made(h), share))
-    if len(points) < 2:
-        return None
-    (t0, s0), (t1, s1) = points[0], points[-1]
-    if t1 - t0 < 2.0 or s1 <= s0:
-        return None
-    return (s1 - s0) / (t1 - t0)
+    return _pace(points)
 
 
 def bar_progress(bars: Sequence[BarInfo]) -> tuple[BarInfo, float, float | None] | None:
     """The outermost ``tqdm`` bar with a total, the share of it done (0-1) and the time left
     on it in s; ``None`` when no bar has a total.
 
-    The bars of the last reading that had any: a bar closed at the end of a loop (its script
-    then saves and exits) stays shown at its last reading, as tqdm leaves it on the screen.
     The share: ``n / total``, plus ``n / total`` of the next bar in (a bar of batches inside a
     bar of epochs) over the outer ``total``, where that bar has a total and the outer bar has
     not ended. The time left: ``elapsed x (1 - share) / share`` (``None`` before any share is
