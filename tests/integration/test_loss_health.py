@@ -42,3 +42,27 @@ def test_a_learning_rate_jump_is_named_a_loss_spike_at_its_step_and_not_before(t
         assert t["findings"][0] != "loss-spike" and "loss" not in t["verdict"]["summary"].lower(), t
     before = [t for t in ticks if (t["features"].get("loss_step") or 0) < JUMP_AT]
     assert before and not any("loss-spike" in t["findings"] for t in before), "a spike before the jump"
+    assert not any("loss-stalled" in t["findings"] for t in ticks), "a learning model called stalled"
+
+
+def test_a_frozen_model_is_named_loss_stalled_within_a_minute_and_never_the_verdict(tmp_path: Path) -> None:
+    """lr=0: every optimizer step writes the parameters (alpha -0.0) and changes nothing; the loss
+    of random batches is flat with its own noise. The rule's parameter terms (every learning rate
+    0 for 20 s and 10 steps, held 10 s) fire long before the loss's 2 minutes."""
+    out, trace = tmp_path / "report.json", tmp_path / "trace.jsonl"
+    cmd = [sys.executable, str(SCENARIO), "--nan-at", "1000000", "--epochs", "40", "--lr", "0"]
+    args = list(headless_run(WATCH_S, out, *cmd))
+    args.insert(args.index("--json"), "--trace")
+    args.insert(args.index("--json"), str(trace))
+    w = torchwatch(*args, json_path=out, timeout=WATCH_S + 120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert w.report is not None, w.stderr[-3000:]
+    ticks = [json.loads(line) for line in trace.read_text().splitlines() if line]
+    fired = [t for t in ticks if "loss-stalled" in t["findings"]]
+    assert fired, [(t["t"], t["features"].get("params_still_s"), t["features"].get("params_still_why")) for t in ticks]
+    first = fired[0]["features"]
+    assert first["params_still_why"] == 2 and first["params_still_s"] >= 20, first  # lr-zero
+    assert (first.get("loss_step") or 0) > 0 and first.get("loss_change_share") is None, first  # not the loss's 2 min
+    for t in fired:
+        assert t["findings"][0] != "loss-stalled" and "learn" not in t["verdict"]["summary"].lower(), t
+    stalled = [f for f in w.report["findings"] if f["rule"] == "loss-stalled"]
+    assert stalled and "every learning rate is 0" in stalled[0]["summary"], w.report["findings"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from torchwatch import wire
-from torchwatch.hook.progress import GRADIENT, NOT_SCALAR, OTHER_DEVICE, SEVERAL, LossWatch
+from torchwatch.hook.progress import GRADIENT, NOT_SCALAR, OTHER_DEVICE, SEVERAL, LossWatch, UpdateWatch
 
 SCRIPT = Path(__file__).with_name("_progress_script.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -270,3 +270,90 @@ def test_bars_round_trip_and_bad_bars_are_refused() -> None:
             wire.ProgressInfo.decode({"bars": [bad]}, "p")
     with pytest.raises(wire.WireError):
         wire.ProgressInfo.decode({"bars": [bars[0].to_json()] * (wire.BARS_MAX + 1)}, "p")
+
+
+def _sgd(lr: float = 0.1, grad: bool = True) -> tuple[Any, Any]:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    if grad:
+        model(torch.ones(2, 4)).sum().backward()
+    return torch, opt
+
+
+def test_steps_that_update_the_parameters_are_not_still() -> None:
+    _torch, opt = _sgd()
+    watch = UpdateWatch()
+    for k in range(3):
+        opt.step()
+        watch.sample(opt, k + 1, 10.0 + 2 * k)
+    assert watch.info == wire.UpdateInfo(2, 2, 0.1, 0, 0.0, "")
+
+
+def test_an_optimizer_whose_parameters_have_no_gradient_is_still_from_its_first_record() -> None:
+    _torch, opt = _sgd(grad=False)  # built over tensors the loss does not reach (requires_grad=False, ...)
+    watch = UpdateWatch()
+    for k in range(4):
+        opt.step()
+        watch.sample(opt, 10 * (k + 1), 10.0 + 2 * k)
+    assert watch.info == wire.UpdateInfo(2, 0, 0.1, 30, 6.0, "no-grad")
+
+
+def test_a_learning_rate_of_zero_is_still_though_the_steps_write_the_parameters() -> None:
+    _torch, opt = _sgd(lr=0.0)
+    watch = UpdateWatch()
+    for k in range(3):
+        opt.step()  # writes each parameter in place (alpha -0.0): the version moves
+        watch.sample(opt, k + 1, 10.0 + 2 * k)
+    assert watch.info is not None and (watch.info.why, watch.info.still_steps) == ("lr-zero", 2)
+    opt.param_groups[0]["lr"] = 0.1  # the schedule left 0: no longer still
+    opt.step()
+    watch.sample(opt, 4, 16.0)
+    assert watch.info is not None and (watch.info.why, watch.info.still_steps, watch.info.still_s) == ("", 0, 0.0)
+
+
+def test_no_parameter_written_is_said_only_of_torchs_own_optimizers() -> None:
+    torch, opt = _sgd()
+    watch = UpdateWatch()
+    watch.sample(opt, 1, 10.0)
+    watch.sample(opt, 2, 12.0)  # no step in between: nothing written
+    assert watch.info is not None and watch.info.why == "unchanged"
+
+    class ByData(torch.optim.SGD):  # type: ignore[misc,name-defined]
+        """A hand-written optimizer that writes p.data: its own version counter, never p's."""
+
+        def step(self, closure: Any = None) -> None:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+    mine = ByData(opt.param_groups[0]["params"], lr=0.1)
+    watch = UpdateWatch()
+    for k in range(3):
+        mine.step()
+        watch.sample(mine, k + 1, 10.0 + 2 * k)
+    assert watch.info is not None and watch.info.why == ""  # not "unchanged": p.data writes are not counted
+
+
+def test_a_tensor_learning_rate_is_not_read_and_a_hostile_group_is_skipped() -> None:
+    torch, opt = _sgd()
+    opt.param_groups[0]["lr"] = torch.tensor(0.0)  # a CUDA one would need a sync to read
+    watch = UpdateWatch()
+    opt.step()
+    assert watch.sample(opt, 1, 10.0)
+    assert watch.info is not None and watch.info.lr_max is None and watch.info.why == ""
+
+    class Odd:
+        param_groups = ["not a dict"]
+
+    watch = UpdateWatch()
+    assert not watch.sample(Odd(), 1, 10.0) and watch.info is None
+
+
+def test_update_info_round_trips_and_bad_values_are_refused() -> None:
+    info = wire.UpdateInfo(12, 0, 0.001, 40, 21.5, "no-grad")
+    p = wire.ProgressInfo(loss=(), updates=info)
+    assert wire.ProgressInfo.decode(json.loads(json.dumps(p.to_json())), "p") == p
+    for bad in ({"why": "melted"}, {"params": -1}, {"with_grad": "2"}, {"still_s": math.inf}):
+        with pytest.raises(wire.WireError):
+            wire.UpdateInfo.decode({**info.to_json(), **bad}, "p.updates")

@@ -4,6 +4,7 @@ which never lets them change the verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -29,7 +30,7 @@ from torchwatch.model.observation import Observation, TargetView
 from torchwatch.model.readings import HookState, SourceStatus
 from torchwatch.model.report import Report
 from torchwatch.watch.observe import Tick, Trends, observe
-from torchwatch.wire import LOSS_HISTORY, HookRecord, Instance, LossSample, ProgressInfo
+from torchwatch.wire import LOSS_HISTORY, HookRecord, Instance, LossSample, ProgressInfo, UpdateInfo
 
 RULES = {r.id: r for r in load_rules()}
 HEALTH = ("loss-not-finite", "loss-spike", "loss-stalled")
@@ -171,6 +172,51 @@ def test_a_flat_loss_for_two_minutes_is_stalled_and_a_falling_one_is_not() -> No
     assert found == {"loss-stalled"}
     found, not_applicable, _ = health(readings(125, lambda step, t: 2.0 * math.exp(-t / 200) + noisy(0, 0)(step, t)))
     assert "loss-stalled" not in found and "loss-stalled" not in not_applicable
+
+
+def stall_finding(reads: list[HookState]) -> Any:
+    """The ``loss-stalled`` finding after the readings held 11 s (``None``: not found)."""
+    d = Diagnoser([RULES["loss-stalled"]])
+    f = feats(reads)
+    d.evaluate(f, 0.0)
+    return next((x for x in d.evaluate(f, 11.0).findings if x.rule == "loss-stalled"), None)
+
+
+def still(reads: list[HookState], why: str, from_t: float, steps_per_s: float = 10.0) -> list[HookState]:
+    """``reads`` whose records say, from ``from_t`` on, that the optimizer's steps change no
+    parameter for ``why`` (before: they change one)."""
+    out = []
+    for h in reads:
+        assert h.record is not None and h.record.progress is not None
+        t = h.t - 0.01
+        s = t - from_t if why and t >= from_t else 0.0
+        info = UpdateInfo(6, 0 if why == "no-grad" else 6, 0.0 if why == "lr-zero" else 0.01, int(s * steps_per_s), s)
+        info = dataclasses.replace(info, why=why if t >= from_t else "")
+        record = dataclasses.replace(h.record, progress=dataclasses.replace(h.record.progress, updates=info))
+        out.append(dataclasses.replace(h, record=record))
+    return out
+
+
+@pytest.mark.parametrize(("why", "words"), [("no-grad", "has a gradient"), ("lr-zero", "learning rate is 0")])
+def test_steps_that_change_no_parameter_are_a_stall_within_half_a_minute_whatever_the_noise(
+    why: str, words: str
+) -> None:
+    noisy_flat = noisy(0.7, 0.5)  # +-50 %: two minutes of it cannot tell flat from falling
+    found, _, _ = health(still(readings(30, noisy_flat), why, 5.0))  # 25 s still
+    assert found == {"loss-stalled"}
+    finding = stall_finding(still(readings(30, noisy_flat), why, 5.0))
+    assert words in finding.summary and "optimizer steps in 25 s changed no parameter" in finding.summary
+    assert "Or stop: it has converged" not in [f.title for f in finding.fixes], finding.fixes
+    found, not_applicable, _ = health(still(readings(30, noisy_flat), why, 15.0))  # 15 s: not yet
+    assert "loss-stalled" not in found and "loss-stalled" in not_applicable  # (the loss: < 2 min)
+
+
+def test_steps_that_change_parameters_leave_the_stall_to_the_loss() -> None:
+    falling = readings(130, lambda step, t: 2.0 * math.exp(-t / 200))
+    found, not_applicable, _ = health(still(falling, "", 0.0))
+    assert "loss-stalled" not in found and "loss-stalled" not in not_applicable
+    finding = stall_finding(still(readings(125, noisy(0.7, 0.1)), "", 0.0))
+    assert finding is not None and "the loss has not moved in 2 minutes" in finding.summary, finding
 
 
 def test_stalled_is_not_said_before_two_minutes_of_loss() -> None:

@@ -36,6 +36,7 @@ from torchwatch.analysis.workers import io_bound_workers, suggested_workers
 from torchwatch.model.findings import Finding, Fix, NotApplicable, Verdict
 from torchwatch.model.labels import PRIORITY as _PRIORITY
 from torchwatch.model.observation import RankReading, Straggler
+from torchwatch.model.progress import fmt_loss
 from torchwatch.model.units import human_bytes
 
 __all__ = [
@@ -108,10 +109,39 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
     amp = features.get("amp_enabled")
     values["amp_state"] = "unknown (no hook)" if amp is None else ("autocast on" if amp else "no autocast seen")
     values["memory_pressure_state"] = _memory_pressure(features)
+    values["stall_state"] = _stall_state(features)
     batch, workers = features.get("dl_batch_bytes"), features.get("dl_num_workers")
     prefetch = features.get("dl_prefetch_factor") or 2.0
     values["shm_needed_bytes"] = workers * prefetch * batch if batch is not None and workers else None
     return values
+
+
+_STILL_WHY = {
+    1.0: "none of its {n} parameter tensors has a gradient",
+    2.0: "every learning rate is 0",
+    3.0: "the optimizer wrote none of its {n} parameter tensors",
+}
+
+
+def _stall_state(f: Features) -> str:
+    """Why ``loss-stalled`` holds, in words: the optimizer's steps changed no parameter for
+    ``params_still_s`` (and why), else the loss's change over the stall window."""
+    still, why = f.get("params_still_s"), f.get("params_still_why")
+    loss = f.get("loss")
+    at = f" (loss {fmt_loss(loss)})" if loss is not None else ""
+    if still is not None and still >= 20 and why in _STILL_WHY:
+        n = f.get("params_count")
+        reason = _STILL_WHY[why].format(n=f"{n:.0f}" if n is not None else "")
+        steps = f.get("params_still_steps") or 0
+        return f"{steps:.0f} optimizer steps in {still:.0f} s changed no parameter: {reason}{at}"
+    share, trend = f.get("loss_change_share"), f.get("loss_trend_per_min")
+    if share is None or loss is None:
+        return "the loss has not moved in 2 minutes"
+    slope = f", {trend:+.3g}/min" if trend is not None else ""
+    return (
+        f"the loss has not moved in 2 minutes: {fmt_loss(loss)}, changing {share:.1%} of itself over the "
+        f"window{slope}, not different from zero"
+    )
 
 
 def _suggested_threads(f: Features) -> float | None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from torchwatch.model.forecast import theil_sen
 from torchwatch.model.progress import ProgressView, fmt_loss
 from torchwatch.model.readings import HookState
-from torchwatch.wire import BarInfo, LossSample, ProgressInfo
+from torchwatch.wire import STILL_WHY, BarInfo, LossSample, ProgressInfo
 
 __all__ = [
     "BUCKET_S",
@@ -106,6 +106,22 @@ CATALOGUE: tuple[tuple[str, str, str, str], ...] = (
         "before, over their robust spread (1.4826 x MAD)",
     ),
     ("loss_spike_ratio", "number", "hook", "that largest reading over the baseline's median"),
+    (
+        "params_still_s",
+        "s",
+        "hook",
+        "s for which the optimizer's steps have changed no parameter (no gradient, every learning rate 0, "
+        "or none written by a torch.optim optimizer), as of the hook's last record; 0 while they change one",
+    ),
+    ("params_still_steps", "count", "hook", "optimizer steps in that time"),
+    (
+        "params_still_why",
+        "code",
+        "hook",
+        "why: 1 no parameter has a gradient, 2 every learning rate is 0, 3 none written",
+    ),
+    ("params_with_grad", "count", "hook", "parameter tensors of the optimizer with a gradient at the last record"),
+    ("params_count", "count", "hook", "parameter tensors of the optimizer looked at"),
     (
         "loss_spike_step",
         "count",
@@ -294,7 +310,8 @@ def features(readings: Sequence[HookState], pid: int | None, now: float) -> dict
     if view is None:
         return out
     mine = [h for h in readings if (pid is None or h.pid == pid) and h.t >= now - KEEP_S]
-    samples, _last = _series(mine)
+    samples, last = _series(mine)
+    out.update(_still(last))
     out.update(
         epoch=view.epoch,
         epoch_batch=float(view.batch) if view.epoch is not None else None,
@@ -316,6 +333,20 @@ def features(readings: Sequence[HookState], pid: int | None, now: float) -> dict
     out.update(_stall(samples, now))
     out.update(_spike(samples, now))
     return out
+
+
+def _still(last: ProgressInfo | None) -> dict[str, float | None]:
+    """``params_still_*`` from the last record's :class:`UpdateInfo` (none: no optimizer step read)."""
+    u = last.updates if last is not None else None
+    if u is None:
+        return {}
+    return {
+        "params_still_s": u.still_s,
+        "params_still_steps": float(u.still_steps),
+        "params_still_why": float(STILL_WHY.index(u.why)),
+        "params_with_grad": float(u.with_grad),
+        "params_count": float(u.params),
+    }
 
 
 def _stall(samples: Sequence[LossSample], now: float) -> Mapping[str, float | None]:

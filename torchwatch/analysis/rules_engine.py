@@ -75,6 +75,8 @@ TEMPLATE_VALUES = {
     "mem_grower": "text: the process whose private memory grows fastest, e.g. 'worker 123: private +3.0 MiB/s, "
     "shared -2.9 MiB/s (copy-on-write ...)'",
     "producer_frame": "text: the hottest frame of user code of the producer threads, e.g. 'augment (train.py:42)'",
+    "stall_state": "text: why the model is not learning: its optimizer steps changed no parameter (and why),"
+    " or the loss has not moved in 2 minutes",
     "producer_processes": "text: the tree's busiest processes beside the training, e.g. 'PID 812 python 0.9 cores'",
 }
 _KEYS = {"id", "label", "severity", "summary", "when", "measure", "for", "evidence", "source", "fixes", "scope"}

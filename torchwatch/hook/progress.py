@@ -165,6 +165,88 @@ class EpochWatch:
         self.length = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
+class UpdateWatch:
+    """Whether the stepped optimizer's steps change the model (:class:`wire.UpdateInfo`), read at
+    the progress records on the training's thread, right after an ``optimizer.step()`` (the step
+    post hook ends the step), where the gradients the step used are still set.
+
+    What is read, per parameter tensor of the optimizer's groups (at most
+    :data:`wire.PARAMS_SCANNED`): ``.grad is None`` and ``._version`` (autograd's in-place write
+    counter, kept on the CPU); per group, ``lr`` when it is a Python number. No value of a tensor
+    is read (no device sync), no method of the optimizer is called. Costs ~0.2 us a tensor: a
+    model of 1,000 tensors, 0.2 ms every 2 s.
+
+    The version counter says "no parameter was written" only for torch's own optimizers: code
+    that updates ``p.data`` in place (many hand-written optimizers) writes a tensor with its own
+    counter, so for any other class only ``no-grad`` and ``lr-zero`` are said.
+
+    Attributes:
+        info: the last reading (``None`` before the first, or when the groups cannot be read).
+    """
+
+    def __init__(self) -> None:
+        self.info: wire.UpdateInfo | None = None
+        self.off = False  # set after an error: not read again in this process
+        self._versions: list[int] | None = None
+        self._still_since: tuple[int, float] | None = None  # (steps, t) at the first still record
+
+    def sample(self, optimizer: Any, steps: int, now: float) -> bool:
+        """Read ``optimizer`` after ``steps`` optimizer steps at ``now`` (monotonic s). Returns
+        whether :attr:`info` changed. Raises whatever a hostile attribute raises: the caller
+        catches it, outside the user's call (and sets :attr:`off`)."""
+        if self.off:
+            return False
+        groups = getattr(optimizer, "param_groups", None)
+        if not isinstance(groups, list):
+            return False
+        versions: list[int] = []
+        with_grad = 0
+        lr_max: float | None = None
+        lr_known = True
+        for group in groups:
+            if not isinstance(group, dict):
+                return False
+            lr = group.get("lr")
+            if isinstance(lr, (float, int)) and not isinstance(lr, bool):
+                lr_max = float(lr) if lr_max is None else max(lr_max, float(lr))
+            else:
+                lr_known = False  # a tensor learning rate: reading a CUDA one would wait for the device
+            params = group.get("params")
+            if not isinstance(params, list):
+                return False
+            for p in params:
+                if len(versions) >= wire.PARAMS_SCANNED:
+                    return self._unknown()
+                try:
+                    versions.append(int(p._version))
+                except Exception:  # an inference-mode or uninitialised (lazy) parameter
+                    return self._unknown()
+                if p.grad is not None:
+                    with_grad += 1
+        before, self._versions = self._versions, versions
+        why = ""
+        if versions and with_grad == 0:
+            why = "no-grad"
+        elif lr_known and lr_max == 0.0:
+            why = "lr-zero"
+        elif before == versions and type(optimizer).__module__.startswith("torch.optim"):
+            why = "unchanged"
+        if not why:
+            self._still_since = None
+        elif self._still_since is None:
+            self._still_since = (steps, now)
+        since = self._still_since
+        still_steps, still_s = (steps - since[0], round(now - since[1], 3)) if since is not None else (0, 0.0)
+        info = wire.UpdateInfo(len(versions), with_grad, None if not lr_known else lr_max, still_steps, still_s, why)
+        changed, self.info = info != self.info, info
+        return changed
+
+    def _unknown(self) -> bool:
+        changed = self.info is not None
+        self.info, self._versions, self._still_since = None, None, None
+        return changed
+
+
 BARS_SCANNED = 64  # live bars looked at, at most (a leak of unclosed bars must not cost more)
 
 
@@ -217,7 +299,9 @@ def read_bars(now_wall: float | None = None) -> tuple[wire.BarInfo, ...]:
     return tuple(info for _p, _s, info in found[: wire.BARS_MAX])
 
 
-def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressInfo | None:
+def progress_info(
+    epochs: EpochWatch | None, loss: LossWatch, updates: UpdateWatch | None = None
+) -> wire.ProgressInfo | None:
     """The record ``hook.json`` carries (``None`` before an epoch, a loss reading or a bar)."""
     bars = read_bars()
     if (epochs is None or not epochs.epoch) and not loss.samples and not loss.note and not bars:
@@ -232,4 +316,5 @@ def progress_info(epochs: EpochWatch | None, loss: LossWatch) -> wire.ProgressIn
         loss_note=loss.note,
         bars=bars,
         at=round(time.monotonic(), 3),
+        updates=updates.info if updates is not None else None,
     )

@@ -55,7 +55,7 @@ from .burst import Burster
 from .compiled import CompileWatch
 from .gpu import GpuWatch
 from .oom import OomWatch
-from .progress import LossWatch
+from .progress import LossWatch, UpdateWatch
 from .requests import Requests
 from .steps import LoaderWatch, StepClock, _count, _name
 from .trial import Trials
@@ -179,6 +179,7 @@ class Hook(StepClock, LoaderWatch, Requests):
         self.oom = OomWatch(self._on_oom, self._oom_steps)
         self.threads: wire.ThreadSettings | None = None  # read with the GPU settings, every 0.5 s
         self.loss = LossWatch()  # the loss backward() is called on, a few times a second
+        self.updates = UpdateWatch()  # whether optimizer steps change the model, every 2 s
         self.usable_cpus: float | None = None
         self.shm_bytes: int | None = None
         self._unpatch: list[Any] = []  # (owner, name, original) of each patch (patches.patch_torch)

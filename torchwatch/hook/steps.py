@@ -21,7 +21,7 @@ from .. import wire
 from . import patches
 from .burst import BurstParams
 from .cpus import read_threads
-from .progress import EpochWatch, progress_info
+from .progress import EpochWatch, UpdateWatch, progress_info
 
 if TYPE_CHECKING:
     from .burst import Burster
@@ -148,12 +148,13 @@ class StepClock:
         oom: OomWatch
         threads: wire.ThreadSettings | None
         loss: LossWatch
+        updates: UpdateWatch
         _progress_due: float
 
         def publish(self) -> None: ...
         def error(self, message: str) -> None: ...
         def _check_signal(self) -> bool: ...
-        def _publish_progress(self) -> None: ...
+        def _publish_progress(self, moved: bool = False) -> None: ...
 
     def _init_steps(self) -> None:
         self.step_source = ""
@@ -230,7 +231,14 @@ class StepClock:
             self._check_signal()
         if now >= self._progress_due:
             self._progress_due = now + PROGRESS_EVERY_S
-            self._publish_progress()
+            moved = False
+            if self.step_source == "optimizer" and self._step_opt is not None:
+                try:
+                    moved = self.updates.sample(self._step_opt(), counters.steps, now)
+                except Exception as exc:
+                    self.updates.off = True
+                    self.error(f"optimizer update check: {exc!r}")
+            self._publish_progress(moved)
         if not self._identity_refreshed:
             # a torch.multiprocessing.spawn rank knows its index only once its function runs
             self._identity_refreshed = True
@@ -366,6 +374,7 @@ class LoaderWatch:
         torch: Any
         counters: wire.Counters | None
         loss: LossWatch
+        updates: UpdateWatch
         _wait_since_step: float
 
         def publish(self) -> None: ...
@@ -429,15 +438,15 @@ class LoaderWatch:
         """The epoch of the busiest DataLoader and the loss readings (``hook.json``'s ``progress``)."""
         key = self._busiest_loader()
         rec = self.loaders.get(key) if key is not None else None
-        return progress_info(rec.epochs if rec is not None else None, self.loss)
+        return progress_info(rec.epochs if rec is not None else None, self.loss, self.updates)
 
-    def _publish_progress(self) -> None:
-        """Rewrite ``hook.json`` when the epoch, the batch or the loss moved (at most every
-        :data:`PROGRESS_EVERY_S`, from the step boundary)."""
+    def _publish_progress(self, moved: bool = False) -> None:
+        """Rewrite ``hook.json`` when the epoch, the batch, the loss or (``moved``) the optimizer's
+        updates moved (at most every :data:`PROGRESS_EVERY_S`, from the step boundary)."""
         key = self._busiest_loader()
         rec = self.loaders.get(key) if key is not None else None
         shown = (key or 0, rec.epochs.epoch, rec.epochs.batch) if rec is not None else (0, 0, 0)
-        if shown != self._progress_shown or self.loss.changed:
+        if shown != self._progress_shown or self.loss.changed or moved:
             self._progress_shown = shown
             self.loss.changed = False
             self.publish()

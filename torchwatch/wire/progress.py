@@ -17,9 +17,12 @@ __all__ = [
     "LOSS_EVERY_S",
     "LOSS_HISTORY",
     "LOSS_MAX",
+    "PARAMS_SCANNED",
+    "STILL_WHY",
     "BarInfo",
     "LossSample",
     "ProgressInfo",
+    "UpdateInfo",
 ]
 
 LOSS_EVERY_S = 0.25  # the hook reads the loss at most 4 times a second
@@ -28,6 +31,11 @@ LOSS_MAX = 1e300  # a finite loss beyond this is refused as not a number the hoo
 BARS_MAX = 4  # tqdm bars published (outermost first): an epoch bar, a batch bar, an eval bar, one more
 BAR_DESC = 80  # characters of a bar's description kept
 BAR_MAX_COUNT = 1e15  # a bar's n or total beyond this is refused
+PARAMS_SCANNED = 20_000  # parameter tensors the hook looks at per record (an LLM has ~300-3,000)
+STILL_WHY = ("", "no-grad", "lr-zero", "unchanged")
+"""Why the optimizer's steps change no parameter (:attr:`UpdateInfo.why`): ``no-grad`` (none of its
+parameters has a ``.grad``), ``lr-zero`` (every group's learning rate is 0), ``unchanged`` (no
+parameter was written: a step that skips them)."""
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -112,6 +120,58 @@ class BarInfo:
 
 
 @dataclass(frozen=True)
+class UpdateInfo:
+    """Whether the stepped optimizer's steps change the model, read by the hook at its progress
+    records (every 2 s at most, at a step boundary, on the training's thread): each parameter
+    tensor's ``.grad`` (``None`` or not) and ``_version`` (the in-place write counter autograd
+    keeps on the CPU: an optimizer step writes every parameter it updates, so the counter moves),
+    each group's ``lr`` when it is a Python number. No tensor's values are read: nothing waits for
+    a device.
+
+    Attributes:
+        params: parameter tensors of the optimizer looked at (at most :data:`PARAMS_SCANNED`).
+        with_grad: of those, how many had a ``.grad`` at the last record.
+        lr_max: the largest learning rate of the groups; ``None``: one is not a Python number
+            (a tensor learning rate is not read).
+        still_steps: optimizer steps since the last record at which the steps changed a parameter
+            (0: the last interval changed one).
+        still_s: s from the first of those records to this one.
+        why: why they changed nothing (:data:`STILL_WHY`; ``""`` while they do).
+    """
+
+    params: int
+    with_grad: int
+    lr_max: float | None
+    still_steps: int = 0
+    still_s: float = 0.0
+    why: str = ""
+
+    @classmethod
+    def decode(cls, value: object, where: str) -> UpdateInfo:
+        """Raises: WireError."""
+        o = _Obj(value, where)
+        return cls(
+            o.integer("params", 0, PARAMS_SCANNED),
+            o.integer("with_grad", 0, PARAMS_SCANNED),
+            o.number("lr_max", -1e30, 1e30, optional=True),
+            o.integer("still_steps", 0, _U63, optional=True) or 0,
+            o.number("still_s", 0.0, 1e10, optional=True) or 0.0,
+            o.text("why", 16, optional=True, choices=STILL_WHY) or "",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object."""
+        return {
+            "params": self.params,
+            "with_grad": self.with_grad,
+            "lr_max": self.lr_max,
+            "still_steps": self.still_steps,
+            "still_s": self.still_s,
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
 class ProgressInfo:
     """Where the training is, as its hook sees it.
 
@@ -130,6 +190,8 @@ class ProgressInfo:
             (what the script shows its user: the run's total where a bar counts it).
         at: when the hook made this record, monotonic s (``None`` from an older hook): the
             batch and the bars are as of then, which may be seconds before torchwatch reads it.
+        updates: whether the optimizer's steps change the parameters (``None``: no optimizer
+            step yet, or an older hook).
     """
 
     epoch: int | None = None
@@ -140,12 +202,14 @@ class ProgressInfo:
     loss_note: str = ""
     bars: tuple[BarInfo, ...] = ()
     at: float | None = None
+    updates: UpdateInfo | None = None
 
     @classmethod
     def decode(cls, value: object, where: str) -> ProgressInfo:
         """Raises: WireError."""
         o = _Obj(value, where)
         first = o.d.get("first_nonfinite")
+        updates = o.d.get("updates")
         return cls(
             o.integer("epoch", 0, _U63, optional=True),
             o.integer("batch", 0, _U63, optional=True) or 0,
@@ -155,6 +219,7 @@ class ProgressInfo:
             o.text("loss_note", TEXT, optional=True) or "",
             tuple(BarInfo.decode(v, w) for v, w in o.items("bars", BARS_MAX)),
             o.number("at", 0.0, 1e10, optional=True),
+            None if updates is None else UpdateInfo.decode(updates, f"{where}.updates"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -168,4 +233,5 @@ class ProgressInfo:
             "loss_note": self.loss_note,
             "bars": [b.to_json() for b in self.bars],
             "at": self.at,
+            "updates": None if self.updates is None else self.updates.to_json(),
         }
