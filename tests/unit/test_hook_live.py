@@ -206,3 +206,25 @@ def test_an_answers_texts_are_cut_to_one_short_line() -> None:
     fake = _FakeInjector(Outcome(True, "", "ptrace", answer))
     done, line, _ = injecting.detach_hook(fake, 42)  # type: ignore[arg-type]
     assert done and "\n" not in line and len(line) < 64 * 600
+
+
+def test_an_install_mid_epoch_counts_the_next_epochs_on_one_record_of_the_dataloader(tmp_path: Path) -> None:
+    """The iterator made before the install gets a stand-in record (its DataLoader is a function's
+    local); the DataLoader's next iterator takes the stand-in's batches over, so the loader is one
+    record with the epochs, not two that take turns at being the busiest (under attach, the epoch
+    was unknown until the new record's batches passed the stand-in's)."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("_live_epochs_script.py")), str(tmp_path / "tw")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["install"]["installed"], out
+    assert out["records"] == [27 + 32 + 32], out  # batches 6..32 of the first epoch (5 came before), two whole ones
+    p = out["progress"]
+    assert (p["epoch"], p["batch"], p["epoch_len"]) == (2, 32, 32), p  # the epoch running at the install is not counted

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -343,11 +344,9 @@ def test_a_tensor_learning_rate_is_not_read_and_a_hostile_group_is_skipped() -> 
     assert watch.sample(opt, 1, 10.0)
     assert watch.info is not None and watch.info.lr_max is None and watch.info.why == ""
 
-    class Odd:
-        param_groups = ["not a dict"]
-
+    odd = types.SimpleNamespace(param_groups=["not a dict"])
     watch = UpdateWatch()
-    assert not watch.sample(Odd(), 1, 10.0) and watch.info is None
+    assert not watch.sample(odd, 1, 10.0) and watch.info is None
 
 
 def test_update_info_round_trips_and_bad_values_are_refused() -> None:

@@ -174,12 +174,17 @@ def settings_view(it: Any) -> types.SimpleNamespace:
 
 def _record(live: _Live, it: Any, loader: Any) -> Any:
     """Register iterator ``it`` with the hook under ``loader``, or a stand-in built from ``it``."""
+    standin = loader is None
     if loader is None:
         if len(live.views) >= steps.MAX_LOADERS:
-            live.views.pop(0)
+            gone = live.hook.loaders.get(id(live.views.pop(0)))
+            if gone is not None:
+                gone.standin_of = 0  # its dataset may die now: an id that may be reused
         loader = settings_view(it)
         live.views.append(loader)
     rec = live.hook.loader_record(loader)
+    if standin and loader.dataset is not None:
+        rec.standin_of = id(loader.dataset)  # the DataLoader's own record takes it over (LoaderWatch._take_standin)
     it._torchwatch_loader = rec
     return rec
 

@@ -97,7 +97,7 @@ def _loader_settings(loader: Any) -> dict[str, Any]:
 class _LoaderRecord:
     """One DataLoader: its settings as passed, batches, data wait (s), batch bytes, epochs."""
 
-    __slots__ = ("batch_bytes", "batches", "epochs", "key", "ref", "settings", "wait_s")
+    __slots__ = ("batch_bytes", "batches", "epochs", "key", "ref", "settings", "standin_of", "wait_s")
 
     def __init__(self, key: int, settings: dict[str, Any], loader: Any = None) -> None:
         self.key = key
@@ -109,6 +109,9 @@ class _LoaderRecord:
         self.wait_s = 0.0
         self.batch_bytes: int | None = None
         self.epochs = EpochWatch()
+        # A stand-in's (an iterator made before a live install, its DataLoader not found): the
+        # id of the dataset it iterates, kept alive by the stand-in (hook/live.py); 0 otherwise.
+        self.standin_of = 0
 
     def info(self) -> wire.LoaderInfo:
         """The record as ``hook.json`` holds it."""
@@ -414,12 +417,29 @@ class LoaderWatch:
         rec = self.loaders.get(key)
         if rec is None:
             rec = _LoaderRecord(key, _loader_settings(loader), loader)
+            self._take_standin(rec, loader)
             if len(self.loaders) >= MAX_LOADERS:
                 oldest = min(self.loaders.values(), key=lambda r: r.batches)
                 del self.loaders[oldest.key]
             self.loaders[key] = rec
             self.publish()
         return rec
+
+    def _take_standin(self, rec: _LoaderRecord, loader: Any) -> None:
+        """The first iterator of ``loader`` since a live install: the stand-in record of its
+        iterator made before the install (same dataset) is this loader's; its batches, wait and
+        batch size move to ``rec`` and it is dropped, so the loader is one record (its epochs and
+        its batches), not two that take turns at being the busiest."""
+        try:
+            dataset = loader.dataset
+        except Exception:
+            return
+        for old in list(self.loaders.values()):
+            if old.standin_of and old.standin_of == id(dataset):
+                rec.batches += old.batches
+                rec.wait_s += old.wait_s
+                rec.batch_bytes = rec.batch_bytes if rec.batch_bytes is not None else old.batch_bytes
+                del self.loaders[old.key]
 
     def epoch_started(self, loader: Any) -> None:
         """``iter(loader)`` was called: a new epoch of that DataLoader. Never raises."""
