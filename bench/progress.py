@@ -14,7 +14,8 @@ each stamped when it arrives, so both are on this script's clock. For every anal
   epoch``: the same error over the whole epoch's duration, which does not grow as the end nears);
 - **bar ETA**: ``bar_share``, ``bar_eta_s`` (the tqdm bar of epochs) once 20 % of it is done,
   against the arrival of the training's last step;
-- **loss**: ``loss`` at ``loss_step`` against the loss the training printed at that step.
+- **loss**: ``loss`` at ``loss_step`` against the loss the training printed at that step, both to
+  the trace's 4 decimals (an error of 0: the same reading).
 
 With ``--attach`` the training starts alone and ``torchwatch attach PID`` joins it after 300 steps
 (the hook injected into the running process); the hook counts epochs and steps from then on, so the
@@ -124,8 +125,8 @@ def offsets(
     steps: dict[tuple[int, int], float], losses: dict[int, float], ticks: list[tuple[float, dict[str, Any]]]
 ) -> tuple[int, int]:
     """The epoch and step offsets that map the hook's counts (from its install) onto the script's:
-    the epoch offset under which most analyses' ``(epoch, epoch_batch)`` had been printed by the
-    time the analysis arrived, and the step offset under which most ``(loss_step, loss)`` equal a
+    the epoch offset under which most analyses' ``(epoch, epoch_batch)`` had been printed in the
+    5 s before the analysis arrived, and the step offset under which most ``(loss_step, loss)`` equal a
     printed ``(step, loss)``."""
     epochs = max((e for e, _b in steps), default=0)
     best_e, hits_e = 0, -1
@@ -135,13 +136,13 @@ def offsets(
             e, b = f.get("epoch"), f.get("epoch_batch")
             if e is not None and b is not None:
                 printed = steps.get((int(e) + off, int(b)))
-                hits += printed is not None and printed <= at
+                hits += printed is not None and at - 5.0 <= printed <= at  # the record: <= 2 s old, read 1/s
         if hits > hits_e:
             best_e, hits_e = off, hits
     votes: dict[int, int] = {}
     by_value: dict[float, list[int]] = {}
-    for step, value in losses.items():
-        by_value.setdefault(value, []).append(step)
+    for step, value in losses.items():  # the trace keeps 4 decimals
+        by_value.setdefault(round(value, 4), []).append(step)
     for _at, f in ticks:
         loss, step = f.get("loss"), f.get("loss_step")
         if loss is not None and step is not None:
@@ -181,10 +182,10 @@ def score(
         loss, step = f.get("loss"), f.get("loss_step")
         if loss is not None and step is not None and losses:
             printed = losses.get(int(step) + step_off)
-            if printed is None or not printed:
+            if printed is None or not round(printed, 4):
                 out["loss"].append(1.0)
-            else:
-                out["loss"].append((loss - printed) / printed)
+            else:  # the trace keeps 4 decimals: 0 where the loss read is the one printed at its step
+                out["loss"].append((loss - round(printed, 4)) / round(printed, 4))
     return out
 
 
