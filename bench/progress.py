@@ -22,7 +22,9 @@ With ``--attach`` the training starts alone and ``torchwatch attach PID`` joins 
 scoring first finds the epoch and step offsets that map its counts onto the script's lines (printed
 per run). The epoch ETA is also shown for the script's first epoch and for the later ones apart (a
 training's first epoch may change pace on its own: the HF Trainer's first runs its first half ~1.8x
-faster than its second, alone as under watch).
+faster than its second, alone as under watch). ``script's own``: the same estimate (the batch rate
+of the last 30 s) made from the script's own lines at the same moments: where it misses as much,
+the training's pace changed, and no reading of it could have known.
 
 Prints, per variant and over all runs: the analyses scored, the median and p90 of |error| and the
 share within +-15 %; and the machine's load average before and after, since on 2 shared cores the
@@ -56,7 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "bench" / "_progress_train.py"
 STEP = re.compile(r"progress_train: epoch (\d+) batch (\d+) step (\d+)(?: loss (\S+))?")
 VARIANTS = {"plain": [], "tqdm": ["--tqdm"], "uneven+tqdm": ["--tqdm", "--uneven"], "hf": [], "lightning": []}
-KINDS = ("epoch", "epoch1", "later", "epoch_len", "bar", "loss")
+KINDS = ("epoch", "epoch1", "later", "own", "epoch_len", "bar", "loss")
+OWN_RATE_S = 30.0  # own_eta: the window of torchwatch's epoch rate (analysis/progress.py RATE_S)
 ATTACH_AFTER_STEPS = 300  # attach: torchwatch joins once the training has taken this many steps
 SCRIPTS = {"hf": REPO / "bench" / "_progress_hf.py", "lightning": REPO / "bench" / "_progress_lightning.py"}
 """The trainers' variants: an interpreter with ``transformers`` (and ``accelerate``) or ``lightning``
@@ -151,6 +154,18 @@ def offsets(
     return best_e, max(votes, key=lambda k: votes[k]) if votes else 0
 
 
+def own_eta(steps: dict[tuple[int, int], float], epoch: int, length: int, at: float) -> float | None:
+    """The same estimate from the script's own lines: the batches it printed in the
+    :data:`OWN_RATE_S` before ``at`` over their span, and the batches left after its last line;
+    ``None`` under 2 lines or 2 s of them. An error that this shares is the training's pace
+    changing, not torchwatch's reading of it."""
+    mine = sorted((t, b) for (e, b), t in steps.items() if e == epoch and at - OWN_RATE_S <= t <= at)
+    if len(mine) < 2 or mine[-1][0] - mine[0][0] < 2.0:
+        return None
+    rate = (mine[-1][1] - mine[0][1]) / (mine[-1][0] - mine[0][0])
+    return (length - mine[-1][1]) / rate if rate > 0 else None
+
+
 def score(
     steps: dict[tuple[int, int], float],
     losses: dict[int, float],
@@ -174,6 +189,9 @@ def score(
                 err = (at + left - end) / (end - at)
                 out["epoch"].append(err)
                 out["epoch1" if script_epoch == 1 else "later"].append(err)
+                own = own_eta(steps, script_epoch, int(length), at)
+                if own is not None:
+                    out["own"].append((at + own - end) / (end - at))
                 if start is not None:
                     out["epoch_len"].append((at + left - end) / (end - start))
         share, left = f.get("bar_share"), f.get("bar_eta_s")
@@ -227,6 +245,7 @@ def main() -> int:
         ("epoch", "epoch ETA"),
         ("epoch1", "  first epoch"),
         ("later", "  later epochs"),
+        ("own", "  script's own"),
         ("epoch_len", "  of the epoch"),
         ("bar", 'tqdm "Epochs" ETA'),
         ("loss", "loss vs printed"),
