@@ -117,10 +117,11 @@ def test_attach_gets_its_hook_into_a_training_with_another_torchwatch(
             json_path=report_path,
         )
         assert watched.report is not None, watched.stderr[-2000:]
+        injection = watched.report.get("injection") or {}
         assert watched.report["hook"].get("steps", 0) > 0, (
+            [r.get("reason") for r in injection.get("ranks", [])],  # what the injection said, first
             watched.report["hook"],
-            watched.report.get("injection"),
-            watched.stderr[-1500:],
+            [line for line in watched.stderr.splitlines() if "inject" in line or "hook" in line][:6],
         )
         stop.touch()
         _, err = training.communicate(timeout=60)
