@@ -20,12 +20,14 @@ import pytest
 from tests.integration.conftest import DEMO, REPO, torchwatch
 from tests.integration.test_inject import HOLDER, _interpreter, running, scripts  # noqa: F401 - a fixture
 from torchwatch.cli.injecting import DETACH, INSTALL, PREPARE
-from torchwatch.inject.injector import Injector
+from torchwatch.inject.injector import DETACH_TIMEOUT_S, DETACH_WINDOW_S, Injector
 from torchwatch.sources.hook import HookReader, hook_dir
 
 pytestmark = pytest.mark.integration
 
 STEP = re.compile(r"step (\d+),")
+
+DETACH_LIMITS = {"window_s": DETACH_WINDOW_S, "timeout_s": DETACH_TIMEOUT_S}  # as attach's own detach
 
 
 GLIBC_INTERNAL = (1 << (32 - 1)) | (1 << (33 - 1))
@@ -292,11 +294,11 @@ def test_live_install_is_lazy_without_torch_on_every_interpreter(version: str, s
         assert first.result["python"].startswith(version + ".")
         again = injector.inject(target.pid, INSTALL)
         assert again.ok and again.value["already"], again.value
-        gone = injector.inject(target.pid, DETACH, into_hooked=True)
+        gone = injector.inject(target.pid, DETACH, into_hooked=True, **DETACH_LIMITS)
         assert gone.ok and gone.value["detached"], gone
         fresh = injector.inject(target.pid, INSTALL)  # after detach, an install starts from scratch
         assert fresh.ok and fresh.value["installed"] and not fresh.value["already"], fresh.value
-        assert injector.inject(target.pid, DETACH, into_hooked=True).value["detached"]
+        assert injector.inject(target.pid, DETACH, into_hooked=True, **DETACH_LIMITS).value["detached"]
         assert target.poll() is None
         target.kill()
         target.wait()
@@ -337,7 +339,7 @@ def test_a_lazy_live_install_activates_when_torch_is_imported(tmp_path: Path) ->
         while time.monotonic() < deadline and not (d / "hook.json").exists():
             time.sleep(0.1)
         assert (d / "counters").exists() and (d / "hook.json").exists(), "the hook did not activate with torch"
-        gone = injector.inject(target.pid, DETACH, into_hooked=True)
+        gone = injector.inject(target.pid, DETACH, into_hooked=True, **DETACH_LIMITS)
         assert gone.ok and gone.value["detached"] and gone.value["gone"], gone.value
         assert not d.exists() and not (tmp_path / "hooks").exists()  # the base directory it created too
         assert target.poll() is None

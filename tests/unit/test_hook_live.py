@@ -147,7 +147,7 @@ class _FakeInjector:
         self.outcomes = list(outcomes)
         self.asked: list[tuple[str, bool]] = []
 
-    def inject(self, pid: int, what: Any, into_hooked: bool = False) -> Outcome:
+    def inject(self, pid: int, what: Any, into_hooked: bool = False, **_limits: float) -> Outcome:
         self.asked.append((what.function, into_hooked))
         return self.outcomes.pop(0)
 

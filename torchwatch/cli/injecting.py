@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from torchwatch.inject.injector import Injector, Outcome, Payload
+from torchwatch.inject.injector import DETACH_TIMEOUT_S, DETACH_WINDOW_S, Injector, Outcome, Payload
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.watch.job import Job
 
@@ -256,7 +256,7 @@ def detach_hook(injector: Injector, pid: int) -> tuple[bool, str, str | None]:
     Returns:
         ``(done, one line saying what happened, the fix when not done and the line lacks one)``.
     """
-    outcome = injector.inject(pid, DETACH, into_hooked=True)
+    outcome = injector.inject(pid, DETACH, into_hooked=True, window_s=DETACH_WINDOW_S, timeout_s=DETACH_TIMEOUT_S)
     value, bad = checked_answer(outcome)
     if not outcome.ok:
         return False, f"cannot take the hook out of PID {pid}: {outcome.reason}", None

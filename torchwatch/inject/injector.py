@@ -51,7 +51,14 @@ from torchwatch.inject.checks import Method, Plan
 from torchwatch.inject.facts import Host, Target
 
 HELPER = Path(__file__).with_name("_ptrace.py")
-SAFE_POINT_WINDOW_S = 2.0
+SAFE_POINT_WINDOW_S = 5.0
+"""How long the ptrace path looks for a safe moment (s). On a quiet machine the first or second
+stop is one (docs/attach.md); 2 s missed once under load ~10, where a training that sleeps 10 ms
+between steps was caught in the interpreter or libtorch at each of 112 stops."""
+DETACH_WINDOW_S = 8.0
+"""The window to take a hook out (s): longer, since a detach that fails leaves the hook in."""
+DETACH_TIMEOUT_S = 15.0
+"""The detach's whole time (s): its window and the payload's run after it."""
 _LIBRARY = "payload.so"
 _SCRIPT = "payload.py"
 _OUT = "out"
