@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.unit.test_tui_recorded import NOW, analyse, recorded_session  # noqa: E402
+from tests.unit.recorded import NOW, analyse, recorded_session  # noqa: E402
 
 
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,14 @@ def cpu_bound_demo_run(tmp_path_factory: pytest.TempPathFactory) -> Watched:
     label (test_demos) and what a --duration stop leaves (test_lifecycle) are read from the same
     run instead of each watching its own."""
     return watch_demo(tmp_path_factory.mktemp("cpu_bound_demo"), "cpu_bound")
+
+
+@pytest.fixture(scope="module")
+def scripts() -> Iterator[Path]:
+    """A directory every user can read, with the injection tests' target scripts
+    (:func:`tests.integration.injection.make_scripts`), removed after the module."""
+    from tests.integration.injection import make_scripts
+
+    d = make_scripts()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import DEMO, REPO, torchwatch
-from tests.integration.test_inject import HOLDER, _interpreter, running, scripts  # noqa: F401 - a fixture
+from tests.integration.injection import HOLDER, _interpreter, running
 from torchwatch.cli.injecting import DETACH, INSTALL, PREPARE
 from torchwatch.inject.injector import DETACH_TIMEOUT_S, DETACH_WINDOW_S, Injector
 from torchwatch.sources.hook import HookReader, hook_dir
@@ -279,7 +279,7 @@ def test_no_inject_and_a_refused_injection_watch_from_outside(dataloader_demo: D
 
 
 @pytest.mark.parametrize("version", ["3.10", "3.11", "3.12", "3.13"])
-def test_live_install_is_lazy_without_torch_on_every_interpreter(version: str, scripts: Path) -> None:  # noqa: F811
+def test_live_install_is_lazy_without_torch_on_every_interpreter(version: str, scripts: Path) -> None:
     python = _interpreter(version)
     if python is None:
         pytest.skip(f"no python{version} on this machine")

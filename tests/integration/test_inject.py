@@ -4,7 +4,6 @@ another mount namespace), plus ``torchwatch doctor PID``."""
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import os
@@ -15,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,93 +22,13 @@ import pytest
 
 from tests.containers import own_tmp_commands
 from tests.integration.conftest import REPO
+from tests.integration.injection import HOLDER, _interpreter, running
 from torchwatch.inject.injector import Injector, Payload, inject
 
 pytestmark = pytest.mark.integration
 
-LOOP = textwrap.dedent(
-    """
-    import os, sys, time
-    print("ready", os.getpid(), flush=True)
-    end = time.monotonic() + float(sys.argv[1])
-    while time.monotonic() < end:
-        time.sleep(0.005)
-        x = [i * i for i in range(2000)]
-    print("done", flush=True)
-    """
-)
-TORCH_LOOP = textwrap.dedent(
-    """
-    import os, sys, time, torch
-    model = torch.nn.Linear(64, 64)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    print("ready", os.getpid(), flush=True)
-    end = time.monotonic() + float(sys.argv[1])
-    while time.monotonic() < end:
-        model(torch.randn(256, 64)).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-    print("done", flush=True)
-    """
-)
 
 # Checks every product against the first: a clobbered SSE/AVX register shows as a mismatch.
-NUMBERS_LOOP = textwrap.dedent(
-    """
-    import os, sys, time, torch
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(128, 256, generator=g), torch.randn(256, 128, generator=g)
-    want = a @ b
-    print("ready", os.getpid(), flush=True)
-    end = time.monotonic() + float(sys.argv[1])
-    n = 0
-    while time.monotonic() < end:
-        got = a @ b
-        x = torch.tanh(got).sum().item() + sum(float(i) * 0.5 for i in range(50))
-        if not torch.equal(got, want) or x != x:
-            print("mismatch at", n, flush=True)
-            sys.exit(3)
-        n += 1
-    """
-)
-
-
-def _interpreter(version: str) -> str | None:
-    """A ``python3.X`` binary: pyenv's first, then PATH (CI machines without pyenv)."""
-    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python{version}"))
-    return found[-1] if found else shutil.which(f"python{version}")
-
-
-@pytest.fixture(scope="module")
-def scripts() -> Iterator[Path]:
-    """A directory every user can read, with the target scripts."""
-    d = Path(tempfile.mkdtemp(prefix="tw-inject-test-"))
-    os.chmod(d, 0o755)
-    (d / "loop.py").write_text(LOOP)
-    (d / "torch_loop.py").write_text(TORCH_LOOP)
-    (d / "numbers_loop.py").write_text(NUMBERS_LOOP)
-    for f in d.iterdir():
-        os.chmod(f, 0o644)
-    yield d
-    shutil.rmtree(d)
-
-
-@contextlib.contextmanager
-def running(cmd: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    """Start a target that prints ``ready PID`` and yield it once ready; killed at the end."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("ready"), f"target did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}"
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def _stderr_after_kill(proc: subprocess.Popen[str]) -> str:
@@ -199,20 +117,6 @@ def test_refuses_a_stopped_process(scripts: Path) -> None:
             assert not outcome.ok and f"kill -CONT {target.pid}" in outcome.reason
         finally:
             os.kill(target.pid, signal.SIGCONT)
-
-
-HOLDER = textwrap.dedent(
-    """
-    import ctypes, sys, time
-    libc = ctypes.CDLL(None, use_errno=True)
-    PTRACE_SEIZE = 0x4206  # traces without stopping the tracee
-    if libc.ptrace(PTRACE_SEIZE, int(sys.argv[1]), None, None) != 0:
-        print("error", ctypes.get_errno(), flush=True)
-        sys.exit(1)
-    print("seized", flush=True)
-    time.sleep(60)
-    """
-)
 
 
 def test_refuses_a_process_someone_else_traces(scripts: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import headless_run, torchwatch
-from tests.unit.test_bypath import stand_in
+from tests.unit.bypath import stand_in
 
 pytestmark = pytest.mark.integration
 

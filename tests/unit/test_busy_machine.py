@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_diagnosis import RULES, features
+from tests.unit.busy import _settled
+from tests.unit.rules import RULES, features
 from torchwatch import wire
 from torchwatch.analysis import diagnosis
 from torchwatch.analysis.diagnosis import Diagnoser, finding_order
@@ -287,14 +288,6 @@ def test_the_intra_op_thread_that_waits_for_a_cpu_is_the_loops_wait() -> None:
 
 
 # -- where the CPU findings stand -----------------------------------------------------------------------
-
-
-def _settled(rule_ids: list[str], **values: float) -> tuple[list[str], str, float]:
-    d = Diagnoser([RULES[r] for r in rule_ids])
-    f = features(**values)
-    d.evaluate(f, 0.0)
-    a = d.evaluate(f, 10.0)
-    return [x.rule for x in a.findings], a.verdict.label, a.verdict.confidence
 
 
 _BUSY_NEIGHBOUR = {"cpu_wait_share": 0.45, "threads_runqueue_share": 0.45, "foreign_cpu_cores": 1.0, "usable_cpus": 2.0}

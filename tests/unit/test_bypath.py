@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torchwatch
+from tests.unit.bypath import stand_in
 from torchwatch.model.readings import Status
 from torchwatch.sources.hook import HookSource
 from torchwatch.watch.lifecycle import hook_env
@@ -39,17 +40,6 @@ print(json.dumps({{"hook": hook.__name__, "hook_file": hook.__file__, "runtime":
     "installs": callable(hook.install), "theirs": theirs,
     "by_name": sorted(m for m in sys.modules if m.split(".")[0] == "torchwatch")}}))
 """
-
-
-def stand_in(where: Path) -> Path:
-    """A package named ``torchwatch`` 0.0.0 with no hook (like the package index's placeholder),
-    installed (with its metadata) in directory ``where``."""
-    (where / "torchwatch").mkdir(parents=True)
-    (where / "torchwatch" / "__init__.py").write_text('__version__ = "0.0.0"\nSTAND_IN = True\n')
-    info = where / "torchwatch-0.0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchwatch\nVersion: 0.0.0\n")
-    return where
 
 
 def probe(cwd: Path, *python_args: str, env: dict[str, str] | None = None) -> dict[str, object]:

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_report import analysed, features, observation
+from tests.unit.reports import _report
 from torchwatch.cli import main
 from torchwatch.faces import report
 from torchwatch.faces.compare import Comparison, load_report, render_markdown, render_text
 from torchwatch.faces.compare import compare as compare_reports
 from torchwatch.model.report import Report
-from torchwatch.wire import LoaderInfo
 
 TODAY = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "today.json"
 
@@ -27,43 +26,6 @@ TODAY = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "today.js
 def compare(a: dict[str, Any], b: dict[str, Any]) -> Comparison:
     """:func:`compare_reports` of two reports' JSON objects, decoded as :func:`load_report` does."""
     return compare_reports(Report.from_json(a), Report.from_json(b))
-
-
-def _loader(num_workers: int) -> dict[str, Any]:
-    loader = LoaderInfo(
-        num_workers=num_workers,
-        batch_size=64,
-        pin_memory=False,
-        prefetch_factor=None,
-        persistent_workers=num_workers > 0,
-        multiprocessing_context=None,
-        dataset="Images",
-        collate_fn="default_collate",
-        batches=100,
-        wait_s=1.0,
-        batch_bytes=None,
-        drop_last=True,
-    )
-    return loader.to_json()
-
-
-def _report(steps_per_s: float, num_workers: int, data_wait: float, label_wait: float = 0.6) -> dict[str, Any]:
-    data = report.build(observation(analysed(features(fetch_cpu_share=label_wait, worker_count=0.0)))).to_json()
-    feats = data["features"]
-    assert isinstance(feats, dict)
-    feats.update(data_wait_share=data_wait, hook_steps_per_s=steps_per_s, rss_bytes=1e9, main_cpu_pct=99.0)
-    data["hook"] = {
-        "status": "ok",
-        "steps": 100,
-        "steps_per_s": steps_per_s,
-        "step_time_ms": {"p50": 1000 / steps_per_s, "p95": 1200 / steps_per_s},
-        "dataloader": _loader(num_workers),
-        "usable_cpus": 2.0,
-        "amp": {"autocast": False, "dtype": None, "device_type": None, "grad_scaler": False},
-        "torch": "2.13.0",
-    }
-    back: dict[str, Any] = json.loads(json.dumps(data))  # as read back from a file
-    return back
 
 
 @pytest.fixture

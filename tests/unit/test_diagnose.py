@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.unit.hookrecords import hook_record
-from tests.unit.test_rank_analysis import rank_state
+from tests.unit.ranks import rank_state
 from torchwatch.analysis.rules_engine import load_rules
 from torchwatch.analysis.store import Store, Window
 from torchwatch.model.readings import HookState, SourceStatus

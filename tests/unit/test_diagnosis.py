@@ -8,23 +8,12 @@ from typing import Any
 
 import pytest
 
-from tests.unit.featuresets import consistent
+from tests.unit.rules import RULES, features
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.features import CATALOGUE, PROGRESS_FEATURES, WATCH_FEATURES, Features
-from torchwatch.analysis.rules_engine import Rule, load_rules, parse_rule
+from torchwatch.analysis.rules_engine import Rule, parse_rule
 
-RULES = {r.id: r for r in load_rules()}
 WINDOWS = Path(__file__).resolve().parent.parent / "fixtures" / "windows"
-ENOUGH = {"stack_samples": 100.0, "thread_samples": 50.0}
-
-
-def features(**values: float | None) -> Features:
-    f: Features = {name: None for name in CATALOGUE}
-    f.update(ENOUGH)
-    for name, value in consistent(values).items():
-        assert name in CATALOGUE, name
-        f[name] = value
-    return f
 
 
 # The loop waits on reads of a device that carries the training's reads (storage-wait holds).

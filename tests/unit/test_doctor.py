@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_inject_checks import host
+from tests.unit.hosts import host
 from torchwatch.cli import doctor
 from torchwatch.inject.facts import Host, PythonVersion
 from torchwatch.model.errors import TorchwatchError, UsageError

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.unit import nvml_replay
-from tests.unit.test_gpu_fixtures import burst, feats, ids, na, settle
+from tests.unit.gpu_readings import burst, feats, ids, na, settle
 from torchwatch import wire
 from torchwatch.faces.compare import compare
 from torchwatch.hook.summary import load_trace, short_name, summarize_trace

@@ -14,21 +14,21 @@ import jsonschema
 import pytest
 from textual.widgets import Static
 
-from tests.unit.test_rank_analysis import JobWatch
-from tests.unit.test_tui_app import plain
+from tests.unit.hangs import FIXTURES, _dump, _reading, _view
+from tests.unit.ranks import JobWatch
+from tests.unit.render import plain
 from torchwatch.analysis import hang
 from torchwatch.faces.hang import hang_file_text, hang_lines, hang_path, notice
 from torchwatch.faces.report import write_atomic
 from torchwatch.faces.tui.app import WatchApp
 from torchwatch.model.hang import DumpedThread, HangView, ProcessDump
 from torchwatch.model.observation import Observation, RankView, TargetView
-from torchwatch.model.readings import Frame, HookState, Role
+from torchwatch.model.readings import Frame, Role
 from torchwatch.sources.proc import TreeNode
 from torchwatch.sources.pyspy import parse_dump
 from torchwatch.watch.hang import HangRecorder
-from torchwatch.wire import HookRecord, Instance, LossSample, ProgressInfo, RankInfo
+from torchwatch.wire import LossSample, ProgressInfo
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pyspy"
 SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
 
 
@@ -82,10 +82,6 @@ def test_an_exited_process_is_forgotten() -> None:
 
 
 # -- the dumps ------------------------------------------------------------------------------------
-def _dump(name: str, pid: int, role: str, rank: int | None = None, parent: int | None = None) -> ProcessDump:
-    threads = parse_dump((FIXTURES / f"{name}.json").read_text())
-    main = [t for t in threads if t.tid == pid]
-    return ProcessDump(pid, role, rank, parent, (*main, *(t for t in threads if t.tid != pid)))
 
 
 def test_py_spy_json_is_read_outermost_frame_first() -> None:
@@ -181,17 +177,6 @@ def _fake_dump(pid: int) -> tuple[tuple[DumpedThread, ...], str | None, float]:
     return (DumpedThread(pid, "MainThread", False, FAKE_STACKS[pid]),), None, 0.01
 
 
-def _reading(
-    pid: int, rank: int, steps: tuple[tuple[float, float, float], ...], progress: ProgressInfo | None = None
-) -> HookState:
-    record = HookRecord(
-        Instance(pid, 1, 1), "3.11", "2.13", 0.0, 0, False, rank=RankInfo(rank=rank, world_size=2), progress=progress
-    )
-    return HookState(
-        t=0.0, pid=pid, steps=len(steps), batches=0, data_wait_s=0.0, in_next_since=0.0, new_steps=steps, record=record
-    )
-
-
 def test_the_recorder_dumps_every_rank_and_worker_once_and_reports_the_stall_when_it_resumes() -> None:
     calls: list[int] = []
 
@@ -225,28 +210,6 @@ def test_the_recorder_dumps_every_rank_and_worker_once_and_reports_the_stall_whe
 
 
 # -- how it is said and written ------------------------------------------------------------------
-def _view() -> HangView:
-    rows = (
-        hang.classify(_dump("dump_ddp_rank0_in_backward", 13957, "rank", 0)),
-        hang.classify(_dump("dump_ddp_rank1_on_queue", 13958, "rank", 1)),
-    )
-    odd = hang.odd_one_out(rows)
-    return HangView(
-        state="hang",
-        pid=13957,
-        rank=0,
-        threshold_s=5.0,
-        threshold_from="--hang-after 5 s",
-        last_step_s=12.0,
-        fired_s=17.4,
-        detected_after_s=5.4,
-        stalled_s=9.0,
-        processes=rows,
-        odd_one_out=odd,
-        summary=hang.summary_line(rows, odd),
-        dump_s=0.06,
-        dumps=(_dump("dump_ddp_rank1_on_queue", 13958, "rank", 1),),
-    )
 
 
 def test_the_report_lines_and_the_hang_file_name_the_odd_rank_and_hold_every_thread() -> None:

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_loader_setting_reaches_the_report_and_the_steps_panel() -> None:
     """The hook reads drop_last off a real DataLoader; the text report and the Steps panel list it."""
     torch = pytest.importorskip("torch", reason="a real DataLoader")
-    from tests.unit.test_tui_views import observation_of
+    from tests.unit.recorded import observation_of
     from torchwatch.faces import report
     from torchwatch.faces.tui import render
     from torchwatch.hook import steps

@@ -9,27 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.hosts import host
 from torchwatch.inject import checks, facts
 from torchwatch.inject._ptrace import Maps, classify
 from torchwatch.inject.facts import Host, PythonVersion, Target
 
 CAP_PTRACE = 1 << facts.CAP_SYS_PTRACE
-
-
-def host(**kw: object) -> Host:
-    base = Host(
-        pid=100,
-        uids=(1000, 1000, 1000),
-        gids=(1000, 1000, 1000),
-        cap_eff=0,
-        ptrace_scope=0,
-        namespaces={"pid": "pid:[1]", "mnt": "mnt:[2]", "user": "user:[3]"},
-        python=(3, 11),
-        free_threaded=False,
-        remote_debug_enabled=False,
-        package_root="/opt/tw",
-    )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
 
 def target(**kw: object) -> Target:

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-from tests.unit.test_prometheus import free_port, two_ranks
+from tests.unit.prom import free_port, two_ranks
 from torchwatch.faces.metrics_http import HttpServer
 from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
 from torchwatch.faces.webconfig import load_web_config

@@ -33,8 +33,8 @@ import psutil
 import pytest
 
 from tests import users
-from tests.unit.test_hang import _reading, _view
-from tests.unit.test_report import analysed, features, observation
+from tests.unit.hangs import _reading, _view
+from tests.unit.reports import analysed, features, observation
 from torchwatch.cli import configure_logging, main
 from torchwatch.cli.drive import _emit, _write_hang_file, check_trace_path
 from torchwatch.faces import report
@@ -324,8 +324,8 @@ def test_attach_headless_prints_another_users_command_line_escaped(make_user: Ma
 
 # -- the TUI: a process named [/x] is shown, not read as markup ----------------------------------------
 def test_a_process_named_like_markup_does_not_crash_the_tui() -> None:
-    from tests.unit.test_tui_app import FakeChild, run
-    from tests.unit.test_tui_recorded import recorded_session
+    from tests.unit.recorded import recorded_session
+    from tests.unit.render import FakeChild, run
     from torchwatch.faces.tui.widgets import ProcessTable
     from torchwatch.model.observation import ProcessRow
 
@@ -469,7 +469,7 @@ def test_rules_check_refuses_what_is_not_a_rule_file_in_one_line(tmp_path: Path,
 def test_compare_on_a_mistyped_report_names_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], path: tuple[str, ...], value: Any, field: str
 ) -> None:
-    from tests.unit.test_compare import _report
+    from tests.unit.reports import _report
 
     good = _report(2.0, 0, 0.9)
     bad = json.loads(json.dumps(good))
@@ -487,7 +487,7 @@ def test_compare_on_a_mistyped_report_names_the_field(
 
 
 def test_compare_shows_a_reports_command_line_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.unit.test_compare import _report
+    from tests.unit.reports import _report
 
     a, b = _report(2.0, 0, 0.9), _report(4.0, 1, 0.1)
     b["target"]["cmdline"] = ["python", EVIL, FORGED]

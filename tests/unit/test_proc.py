@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import time
 
 import pytest
 
+from tests.unit.procs import PY, TRAIN, _named_thread, node
 from torchwatch.analysis.views import process_rows
 from torchwatch.model.readings import ProcessSample, Role, ThreadSample, Wait
 from torchwatch.sources.proc import ProcessTree, ThreadStateSource, assign_roles, classify_wait
@@ -56,16 +56,6 @@ ARM = "aarch64"
 )
 def test_classify_wait(state: str, syscall: str | None, fd: str | None, arch: str, want: Wait) -> None:
     assert classify_wait(state, syscall, fd, arch=arch) is want
-
-
-PY = "/usr/bin/python3.11"
-TRAIN = (PY, "train.py", "--epochs", "1")
-
-
-def node(
-    ppid: int, cmdline: tuple[str, ...], name: str | None = None, exe: str = PY
-) -> tuple[int, str, tuple[str, ...], str]:
-    return (ppid, name or cmdline[0].rsplit("/", 1)[-1], cmdline, exe)
 
 
 def test_python_main_with_forked_workers() -> None:
@@ -293,16 +283,6 @@ def test_main_threads_carry_their_scheduler_counters() -> None:
     (second,) = [s for s in src.sample(100.1) if isinstance(s, ThreadSample)]
     assert first.run_s is not None and second.run_s is not None and first.runq_s is not None
     assert second.run_s - first.run_s >= 0.045
-
-
-def _named_thread(name: bytes, spin: threading.Event, stop: threading.Event) -> None:
-    """A thread that names itself (prctl PR_SET_NAME, as c10::setThreadName does), then spins while
-    ``spin`` is set, until ``stop``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
-    while not stop.is_set():
-        if not spin.is_set():
-            spin.wait(0.01)
 
 
 def test_the_autograd_engine_thread_is_read_every_round_with_its_counters() -> None:

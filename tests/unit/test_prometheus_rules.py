@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped]
 
-from tests.unit.test_prometheus import samples, two_ranks
+from tests.unit.prom import samples, two_ranks
 from torchwatch.faces.prometheus import PREFIX, RANK_LABELS, TARGET_LABELS
 from torchwatch.model.hang import HangProcess, HangView
 

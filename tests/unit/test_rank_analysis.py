@@ -12,7 +12,8 @@ import pytest
 from textual.widgets import TabbedContent
 
 from tests.unit.hookrecords import hook_record
-from tests.unit.test_report import SCHEMA
+from tests.unit.ranks import JobWatch, rank_state
+from tests.unit.reports import SCHEMA
 from torchwatch.analysis import ranks
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import CATALOGUE, compute
@@ -25,30 +26,6 @@ from torchwatch.model.findings import Finding, Verdict
 from torchwatch.model.observation import Observation, RankReading, RankView, TargetView
 from torchwatch.model.readings import HookState
 from torchwatch.watch.observe import Tick, Trends, observe
-from torchwatch.wire import RankStep
-
-ALLREDUCE_MS = 3.0
-
-
-def rank_state(pid: int, rank: int, data_ms: float, compute_ms: float, step_ms: float, cuda: bool = False) -> HookState:
-    """Twenty steps of one rank of a 2-rank CPU DDP job: data wait, forward, then backward whose
-    blocked part is the wait for the slowest rank's all-reduce."""
-    rec = hook_record(pid, rank={"rank": rank, "world_size": 2}, cuda_initialized=cuda)
-    blocked = step_ms - data_ms - compute_ms - ALLREDUCE_MS
-    steps = tuple(
-        RankStep(
-            end=1.0 + i * step_ms / 1000,
-            duration=step_ms / 1000,
-            data_wait=data_ms / 1000,
-            backward=(blocked + ALLREDUCE_MS) / 1000,
-            backward_blocked=blocked / 1000,
-            collective=0.0,
-        )
-        for i in range(20)
-    )
-    return HookState(
-        t=3.0, pid=pid, steps=20, batches=20, data_wait_s=0.0, in_next_since=0.0, record=rec, rank_steps=steps
-    )
 
 
 def analysis(label: str, rule: str | None = None) -> Analysis:
@@ -144,26 +121,6 @@ def test_report_and_status_line_name_the_straggler() -> None:
     assert [r["rank"] for r in data["ranks"]] == [0, 1] and data["ranks"][1]["focus"] is True
     assert "straggler: rank 1 (PID 101)" in report.render_text(made)
     assert "2 ranks, straggler rank 1" in status_line(obs, 3.0)
-
-
-class JobWatch:
-    """A watch session as the TUI sees it, showing one Observation; remembers the rank chosen."""
-
-    def __init__(self, obs: Observation) -> None:
-        self.obs = obs
-        self.chosen: list[int | None] = []
-
-    def observe(self) -> Observation:
-        return self.obs
-
-    def request_burst(self) -> tuple[bool, str]:
-        return False, "no"
-
-    def choose_rank(self, rank: int | None) -> None:
-        self.chosen.append(rank)
-
-    def wake(self, why: str) -> None:
-        """A key was pressed: nothing samples here."""
 
 
 def test_tui_ranks_table_highlights_the_straggler_and_chooses_a_rank() -> None:

@@ -15,61 +15,22 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from tests.unit.featuresets import consistent
+from tests.unit.reports import SCHEMA, analysed, features, observation
 from torchwatch import __version__
-from torchwatch.analysis.diagnosis import Analysis, Diagnoser
-from torchwatch.analysis.features import CATALOGUE, Features
-from torchwatch.analysis.rules_engine import load_rules
-from torchwatch.analysis.store import Store
+from torchwatch.analysis.diagnosis import Analysis
+from torchwatch.analysis.features import CATALOGUE
 from torchwatch.faces import report
 from torchwatch.faces.burst import burst_lines
 from torchwatch.faces.headless import status_line
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.model.observation import Observation, SamplingChange, SamplingView, TargetView, VerdictChange
-from torchwatch.model.readings import SourceStatus, Status
+from torchwatch.model.observation import SamplingChange, SamplingView
 from torchwatch.model.report import InjectionReport, Report
 from torchwatch.model.units import fmt_value
-from torchwatch.watch.observe import Tick, Trends, observe
 from torchwatch.wire import BurstResult
 
 GPU_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 
-SCHEMA = json.loads((Path(__file__).resolve().parent / "report_schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
-STATUSES = {
-    "psutil": SourceStatus.ok(),
-    "nvml": SourceStatus.unavailable("NVML library not found (no NVIDIA driver)", "ignore on a CPU-only machine"),
-    "py-spy": SourceStatus.gone(),
-    "hook": SourceStatus(Status.STARTING),
-}
-
-
-def features(**values: float | None) -> Features:
-    f: Features = {name: None for name in CATALOGUE}
-    f.update(stack_samples=100.0, thread_samples=50.0, **consistent(values))
-    return f
-
-
-def analysed(f: Features) -> Analysis:
-    d = Diagnoser(load_rules(), why_missing=lambda name: "source unavailable")
-    d.evaluate(f, 0.0)
-    return d.evaluate(f, 10.0)
-
-
-def observation(analysis: Analysis | None, exit_code: int | None = None) -> Observation:
-    """What the session's builder makes of ``analysis`` for the training PID 4242 (no readings)."""
-    tick = Tick(
-        now=31.26,
-        end=31.26,
-        started=0.0,
-        window_s=10.0,
-        analysis=analysis,
-        statuses=tuple(STATUSES.items()),
-        focus_pid=4242,
-        target=TargetView(4242, ("python", "train.py"), exit_code=exit_code),
-        history=(VerdictChange(1.0, "undetermined"), VerdictChange(4.0, "io-bound")),
-    )
-    return observe(Store(), tick, Trends())
 
 
 def build(analysis: Analysis, exit_code: int | None = None) -> dict[str, Any]:

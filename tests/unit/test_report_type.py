@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from tests.unit.test_report import SCHEMA
+from tests.unit.reports import SCHEMA
 from torchwatch import wire
 from torchwatch.cli.injecting import Injected, job_report
 from torchwatch.faces import report

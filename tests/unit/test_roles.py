@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from tests.unit.busy import _settled
 from tests.unit.hookrecords import hook_record
-from tests.unit.test_busy_machine import _settled
-from tests.unit.test_proc import PY, TRAIN, node
+from tests.unit.procs import PY, TRAIN, node
 from torchwatch.analysis.features import _collective_wait, collective_cpu, trainer_features
 from torchwatch.analysis.roles import TRAINER, WORKER, classify
 from torchwatch.analysis.store import Window
@@ -261,7 +261,7 @@ def test_the_trainers_rule_is_silent_where_they_fit_the_cpus(change: dict[str, f
 
 
 def test_gloos_threads_are_read_as_collective_threads() -> None:
-    from tests.unit.test_proc import _named_thread
+    from tests.unit.procs import _named_thread
 
     stop = threading.Event()
     gloo = threading.Thread(target=_named_thread, args=(b"pt_gloo_runloop", threading.Event(), stop), daemon=True)

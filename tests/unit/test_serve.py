@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.unit.test_prometheus import free_port
+from tests.unit.prom import free_port
 from torchwatch.watch.discover import find_trainings, loads_torch
 from torchwatch.watch.fleet import Fleet
 

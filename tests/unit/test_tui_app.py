@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 from textual.widgets import Log, Static, TabbedContent
 
-from tests.unit.test_tui_recorded import MAIN, NOW, RecordedWatch, recorded_record, recorded_session
+from tests.unit.recorded import MAIN, NOW, RecordedWatch, recorded_record, recorded_session
+from tests.unit.render import FakeChild, plain, run
 from torchwatch import wire
 from torchwatch.faces import report
 from torchwatch.faces.tui.app import WatchApp
@@ -22,39 +20,6 @@ from torchwatch.faces.tui.screens import EvidenceScreen, HelpScreen, QuitScreen,
 from torchwatch.faces.tui.widgets import FindingsList, GpuPanel, ProcessTable, StackTable, StepsPanel, Trend
 from torchwatch.model.observation import ProcessRow, SamplingView
 from torchwatch.model.readings import HookState, SourceStatus, Status
-
-Check = Callable[[WatchApp, Any], Awaitable[None]]
-
-
-class FakeChild:
-    """A launched training as WatchApp sees it: pid, args, poll()."""
-
-    def __init__(self, code: int | None = None) -> None:
-        self.pid = 5151
-        self.args = ["python", "train.py"]
-        self.returncode = code
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-
-def run(session: RecordedWatch, check: Check, size: tuple[int, int] = (100, 30), **kwargs: Any) -> WatchApp:
-    session.child = kwargs.get("child")  # the session knows the command it launched, as the app does
-    app = WatchApp(session, clock=lambda: NOW, **kwargs)
-
-    async def go() -> None:
-        async with app.run_test(size=size) as pilot:
-            await pilot.pause()
-            await check(app, pilot)
-
-    asyncio.run(go())
-    return app
-
-
-def plain(renderable: Any, width: int = 200) -> str:
-    console = Console(width=width, record=True, color_system=None)
-    console.print(renderable)
-    return console.export_text()
 
 
 def text_of(app: WatchApp, selector: str) -> str:

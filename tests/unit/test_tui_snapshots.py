@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tests.unit.test_tui_recorded import NOW, recorded_session
+from tests.unit.recorded import NOW, recorded_session
 from torchwatch.faces.tui.app import WatchApp
 
 

@@ -10,43 +10,20 @@ import pytest
 
 from tests.unit import nvml_replay
 from tests.unit.hookrecords import hook_record
-from tests.unit.test_tui_recorded import MAIN, NOW, WORKERS, RecordedWatch, recorded_session
+from tests.unit.recorded import MAIN, NOW, WORKERS, RecordedWatch, observation_of, recorded_session
 from torchwatch import wire
 from torchwatch.analysis import views as rows
-from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.features import thread_states
-from torchwatch.analysis.store import Store
 from torchwatch.faces.tui import render, views
 from torchwatch.faces.tui.feed import LogTail, Reader
 from torchwatch.faces.tui.messages import ObservationRead, ReaderFailed
 from torchwatch.hook.summary import load_trace, summarize_trace
-from torchwatch.model.observation import Observation, ProcessRow, TargetView
+from torchwatch.model.observation import Observation, ProcessRow
 from torchwatch.model.readings import Frame, HookState, Role, SourceStatus, ThreadSample, Wait
 from torchwatch.model.units import fmt_bytes, fmt_mib_per_s, fmt_pct, fmt_share, series_range
-from torchwatch.watch.observe import Tick, Trends, burst_view, observe, steps_view, target_view
+from torchwatch.watch.observe import Trends, burst_view, steps_view, target_view
 
 SITE = "/usr/lib/python3.11/site-packages/torch"
-
-
-def observation_of(
-    features: dict[str, float | None], reading: HookState | None = None, hook: SourceStatus | None = None
-) -> Observation:
-    """The Observation the real builder makes of one analysis' features and, maybe, one hook reading."""
-    store = Store()
-    if reading is not None:
-        store.add([reading])
-    tick = Tick(
-        now=1.0,
-        end=1.0,
-        started=0.0,
-        window_s=10.0,
-        analysis=Analysis(t=1.0, features=features),
-        statuses=(),
-        focus_pid=reading.pid if reading is not None else None,
-        target=TargetView(1),
-        hook_status=hook,
-    )
-    return observe(store, tick, Trends())
 
 
 def test_process_rows_take_the_last_round_and_average_cpu() -> None:
