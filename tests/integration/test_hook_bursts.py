@@ -212,7 +212,9 @@ def test_a_burst_leaves_the_dispatch_stack_of_a_training_counting_its_own_flops(
         reader = HookReader(pid)
         deadline = time.monotonic() + STEPPED_WITHIN_S
         while (snap := reader.counters()) is None or snap.steps < 5:
-            assert time.monotonic() < deadline and proc.poll() is None, f"no 5 steps in {STEPPED_WITHIN_S:g} s"
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                f"no 5 steps in {STEPPED_WITHIN_S:g} s: {reader.reason} {reader.dir} {snap}"
+            )
             time.sleep(0.2)
         burst_json = tmp_path / "burst.json"
         b = torchwatch("burst", str(pid), "--json", str(burst_json), "--wait", "60", timeout=90)

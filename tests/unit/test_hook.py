@@ -146,6 +146,52 @@ def test_base_dir_follows_the_targets_environment() -> None:
     assert wire.base_dir({}, uid=7) == Path("/tmp/torchwatch-7")
 
 
+def test_a_reader_made_while_its_process_is_still_in_execve_finds_the_hook_dir_it_names(tmp_path: Path) -> None:
+    # CI of stop 58: a reader made right after Popen read an empty /proc/PID/environ (the
+    # process was mid-execve: 85 of 100 such reads here) and looked in /tmp/torchwatch-UID for
+    # good, while the hook published under the TORCHWATCH_DIR the test gave it
+    script = "import sys, time; sys.stdin.read(); time.sleep(60)"
+    env = {**os.environ, "TORCHWATCH_DIR": str(tmp_path / "tw")}
+    caught = 0
+    for _ in range(30):
+        proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE)
+        try:
+            reader = HookReader(proc.pid)  # made as soon as Popen returns, as a watcher does
+            inst = instance_of(proc.pid)
+            early = reader.dir
+            caught += early != tmp_path / "tw" / inst.dir_name  # made mid-execve
+            reader.counters()  # a read (none there) names the directory again until it is settled
+            deadline = 100
+            while reader.dir != tmp_path / "tw" / inst.dir_name and deadline:
+                deadline -= 1
+                reader.counters()
+            assert reader.dir == tmp_path / "tw" / inst.dir_name, (early, reader.dir)
+            assert reader.base == tmp_path / "tw"
+        finally:
+            proc.kill()
+            proc.communicate()
+        if caught >= 3:
+            break
+
+
+def test_a_reader_looks_again_while_the_environment_reads_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchwatch.sources.hook as src
+
+    reads: list[dict[str, str] | None] = [
+        None,
+        None,
+        {"TORCHWATCH_DIR": "/nowhere/tw"},
+        {"TORCHWATCH_DIR": "/elsewhere"},
+    ]
+    monkeypatch.setattr(src, "_environ", lambda pid: reads.pop(0))
+    reader = HookReader(os.getpid())
+    default = wire.base_dir({}, os.getuid())
+    assert reader.base == default  # nothing to go by yet
+    assert reader.counters() is None and reader.base == default  # still empty: still the default
+    assert reader.counters() is None and reader.base == Path("/nowhere/tw")  # read: settled
+    assert reader.counters() is None and reader.base == Path("/nowhere/tw") and len(reads) == 1  # and kept
+
+
 def test_private_dir_and_atomic_files(tmp_path: Path) -> None:
     base = tmp_path / "tw"
     base_fd = wire.prepare_dir(base)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,30 @@ def test_run_mode_exit_code_is_shown() -> None:
         assert not app.is_running
 
     run(recorded_session(hooked=True), check, child=child)
+
+
+def test_a_read_begun_before_the_shown_one_is_not_drawn_over_it() -> None:
+    # CI beside a spinner: the reader thread's read, begun while the training ran, arrived after
+    # refresh_view had drawn "exited with status 3" and put the live verdict back
+    child = FakeChild()
+    session = recorded_session(hooked=True)
+
+    async def check(app: WatchApp, pilot: Any) -> None:
+        assert app._reader is not None
+        app._reader.stop()  # this test posts the reads itself
+        begun = time.monotonic()
+        stale = session.observe()  # the training still runs
+        child.returncode = 3
+        app.refresh_view()
+        app.on_observation_read(ObservationRead(stale, begun))
+        await pilot.pause()
+        assert "The training exited with status 3" in text_of(app, "#verdict")
+        child.returncode = None  # a later read is drawn (whatever it says)
+        app.on_observation_read(ObservationRead(session.observe(), time.monotonic()))
+        await pilot.pause()
+        assert "exited" not in text_of(app, "#verdict")
+
+    run(session, check, child=child)
 
 
 def _quit_with(keys: tuple[str, ...]) -> WatchApp:

@@ -55,12 +55,19 @@ BASE_REFUSED_HINT = (
 )
 
 
-def _environ(pid: int) -> dict[str, str]:
+def _environ(pid: int) -> dict[str, str] | None:
+    """``TORCHWATCH_DIR`` and ``TMPDIR`` of ``pid`` (``{}`` when unreadable); ``None`` when the
+    file reads empty: a process is in that state from the moment its ``execve`` releases the
+    parent of a ``vfork`` (``subprocess.Popen`` returns then) until the kernel has laid out the
+    new environment (85 of 100 reads right after ``Popen`` here), so a caller must look again
+    rather than take the default directory for good."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             raw = f.read(1 << 20)  # ARG_MAX-sized at most; the variables we need come with it
     except OSError:
         return {}
+    if not raw:
+        return None
     env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
@@ -117,16 +124,18 @@ def instance_of(pid: int) -> wire.Instance:
     return wire.Instance(local, start, ns)
 
 
-def _base(pid: int, uid: int | None, root: str | None = None) -> Path:
-    """The target's hook base directory, as the target names it; a relative ``TORCHWATCH_DIR``
-    is taken from its working directory (the hook fixes it when it starts), except across
-    mount namespaces (``root`` set: :func:`torchwatch.wire.root_of`), where it stays relative
-    and is refused when opened."""
-    base = wire.base_dir(_environ(pid), uid)
+def _base(pid: int, uid: int | None, root: str | None = None) -> tuple[Path, bool]:
+    """The target's hook base directory, as the target names it, and whether that is settled
+    (``False`` while its environment reads empty, mid-``execve``: :func:`_environ`; the default
+    directory is returned then). A relative ``TORCHWATCH_DIR`` is taken from its working
+    directory (the hook fixes it when it starts), except across mount namespaces (``root`` set:
+    :func:`torchwatch.wire.root_of`), where it stays relative and is refused when opened."""
+    env = _environ(pid)
+    base = wire.base_dir(env or {}, uid)
     if not base.is_absolute() and root is None:
         with contextlib.suppress(OSError):
             base = Path(os.readlink(f"/proc/{pid}/cwd")) / base
-    return base
+    return base, env is not None
 
 
 def hook_dir(pid: int) -> Path | None:
@@ -136,7 +145,7 @@ def hook_dir(pid: int) -> Path | None:
         inst = instance_of(pid)
     except wire.WireError:
         return None
-    return _base(pid, _uid(pid), wire.root_of(pid)) / inst.dir_name
+    return _base(pid, _uid(pid), wire.root_of(pid))[0] / inst.dir_name
 
 
 class HookReader:
@@ -169,13 +178,10 @@ class HookReader:
             self.reason = ""
         except wire.WireError as exc:
             self.instance, self.reason = None, str(exc)
-        if directory is not None:
-            self.dir: Path | None = directory
-        elif self.instance is not None:
-            self.dir = _base(pid, self.uid, self.root) / self.instance.dir_name
-        else:
-            self.dir = None
-        self.base = self.dir.parent if self.dir is not None else None
+        self.dir: Path | None = directory
+        self.base: Path | None = None
+        self._settled = directory is not None or self.instance is None  # see _locate
+        self._locate()
         self.missing = True
         self.gone = False
         self._info: dict[str, Any] | None = None
@@ -184,6 +190,17 @@ class HookReader:
         self._last_step_end = 0.0
         self._written = 0  # the counters' entry count at the last read: later reads decode what is newer
         self.seen = False
+
+    def _locate(self) -> None:
+        """Name the hook directory from the target's environment, again on every read until
+        that environment could be read (a process caught mid-``execve`` shows none: it would
+        otherwise be looked for in the default directory for good, while its hook publishes
+        under its ``TORCHWATCH_DIR``)."""
+        if not self._settled:
+            assert self.instance is not None
+            base, self._settled = _base(self.pid, self.uid, self.root)
+            self.dir = base / self.instance.dir_name
+        self.base = self.dir.parent if self.dir is not None else None
 
     # -- checks -----------------------------------------------------------------------------
     def _still_same(self) -> str:
@@ -204,6 +221,7 @@ class HookReader:
         Raises:
             FileNotFoundError: no directory. wire.Unsafe / OSError / wire.WireError: refused.
         """
+        self._locate()
         if self.dir is None or self.uid is None:
             raise wire.WireError(self.reason or f"PID {self.pid} cannot be read")
         return wire.open_dir_in(self.root, self.dir, (self.uid,), private=True)
@@ -215,6 +233,7 @@ class HookReader:
         by others without the sticky bit), so a hook there turns itself off. One line naming the
         directory and the check (escaped: the path comes from the training's environment);
         ``""`` when it is fine, missing (the hook creates it) or cannot be told."""
+        self._locate()
         if self.base is None or self.uid is None:
             return ""
         try:

@@ -173,6 +173,7 @@ class WatchApp(App[None]):
         self._trial_running: str | None = None  # the setting a live trial is trying now
         self._leaving = False  # set on exit: a running trial is ended (the old value put back)
         self._trial_ended = threading.Event()
+        self._shown_started = float("-inf")  # when the read now drawn began (monotonic s): see ObservationRead
 
     def get_line_filters(self) -> Sequence[LineFilter]:
         """Textual's line filters; with ``NO_COLOR`` set, no colour at all (no-color.org: "prevents
@@ -281,7 +282,10 @@ class WatchApp(App[None]):
     # -- reading ------------------------------------------------------------------------------
     def refresh_view(self) -> None:
         """Get the Observation now, on this thread, and draw it (first frame; tests)."""
-        self._show(self.watched.observe())
+        started = time.monotonic()
+        obs = self.watched.observe()
+        self._shown_started = max(self._shown_started, started)
+        self._show(obs)
 
     def on_observation_read(self, message: ObservationRead) -> None:
         """A new Observation: draw it, or keep it for later while paused.
@@ -289,7 +293,8 @@ class WatchApp(App[None]):
         Dropped once the app is shutting down: Textual removes the screens' widgets before
         ``on_unmount`` joins the reader thread, so a late Observation finds no panel to draw on.
         """
-        if self.is_running:
+        if self.is_running and message.started >= self._shown_started:
+            self._shown_started = message.started
             self._show(message.observation)
 
     def _show(self, obs: Observation) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,7 +104,8 @@ class Reader(threading.Thread):
     def read_once(self) -> None:
         """One round: an Observation, then the log's new lines."""
         try:
-            self._post(ObservationRead(self._read()))
+            started = time.monotonic()
+            self._post(ObservationRead(self._read(), started))
             self._failed = False
         except Exception as exc:
             if not self._failed:
