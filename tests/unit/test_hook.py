@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -160,11 +161,12 @@ def test_a_reader_made_while_its_process_is_still_in_execve_finds_the_hook_dir_i
             inst = instance_of(proc.pid)
             early = reader.dir
             caught += early != tmp_path / "tw" / inst.dir_name  # made mid-execve
-            reader.counters()  # a read (none there) names the directory again until it is settled
-            deadline = 100
-            while reader.dir != tmp_path / "tw" / inst.dir_name and deadline:
-                deadline -= 1
+            # each read (none there yet) names the directory again until the environment reads
+            # (the kernel lays it out within ms; 10 s leaves a loaded machine its slowest exec)
+            deadline = time.monotonic() + 10.0
+            while reader.dir != tmp_path / "tw" / inst.dir_name and time.monotonic() < deadline:
                 reader.counters()
+                time.sleep(0.001)
             assert reader.dir == tmp_path / "tw" / inst.dir_name, (early, reader.dir)
             assert reader.base == tmp_path / "tw"
         finally:
