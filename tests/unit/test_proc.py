@@ -285,6 +285,12 @@ def test_main_threads_carry_their_scheduler_counters() -> None:
     assert second.run_s - first.run_s >= 0.045
 
 
+def _cpu_s(tid: int) -> float:
+    """Seconds thread ``tid`` of this process has run on a CPU (schedstat's first field, ns)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def test_the_autograd_engine_thread_is_read_every_round_with_its_counters() -> None:
     """PyTorch's engine thread for a device (pt_autograd_0) is found in a full round and read, with
     its schedstat counters, in every round after it, like the main thread; other threads are not."""
@@ -301,7 +307,11 @@ def test_the_autograd_engine_thread_is_read_every_round_with_its_counters() -> N
         assert found.tid == engine.native_id and found.run_s is not None
         assert not any(s.autograd for s in full if s.tid == other.native_id)  # "pt_autograd" alone is no engine
         spin.set()
-        time.sleep(0.2)
+        # until the engine thread has run 0.1 s on a CPU (schedstat), however long a loaded machine
+        # takes to give it that (0.2 s of wall time gave it < 0.05 s beside 8 busy processes)
+        deadline = time.monotonic() + 60.0
+        while _cpu_s(engine.native_id) - found.run_s < 0.1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         spin.clear()
         rounds = [s for s in src.sample(100.1) if isinstance(s, ThreadSample)]
         assert {s.tid for s in rounds} == {os.getpid(), engine.native_id}  # main + engine, not all threads
