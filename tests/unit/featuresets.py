@@ -7,7 +7,7 @@ def consistent(values: dict[str, float | None]) -> dict[str, float | None]:
     """Fill the features that the features layer derives together, as it would.
 
     A storage share given alone is the main thread's own disk wait; a data-loading share given
-    alone stands beside no loop CPU work (features.py computes them together).
+    alone stands beside no loop CPU work (analysis/features/loop.py computes them together).
     """
     out = dict(values)
     if out.get("storage_wait_share") is not None and "storage_wait_async_share" not in out:

@@ -55,7 +55,7 @@ def test_the_import_contracts_hold() -> None:
 
 def test_a_forbidden_arrow_breaks_its_contract(tmp_path: Path) -> None:
     """A copy of the package where the analysis imports the report: the check names the contract."""
-    result = lint(copy_with(tmp_path, {"analysis/features.py": "import torchwatch.faces.report"}))
+    result = lint(copy_with(tmp_path, {"analysis/features/__init__.py": "import torchwatch.faces.report"}))
     assert result.returncode != 0
     assert "The core (model, sources, analysis, watch) never imports a face or the CLI BROKEN" in " ".join(
         result.stdout.split()
