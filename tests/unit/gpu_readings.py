@@ -61,10 +61,15 @@ def feats(gpus: Sequence[GpuSample] = (), hook: HookState | None = None) -> Feat
     return f
 
 
-def settle(f: Features) -> Analysis:
+def texts_of(hook: HookState) -> dict[str, str]:
+    """The texts fix templates quote (features.texts) from one hook reading."""
+    return features.texts(Window(start=1070.0, end=1100.0, hook=[hook]), PID)
+
+
+def settle(f: Features, texts: dict[str, str] | None = None) -> Analysis:
     d = Diagnoser(RULES, why_missing=lambda name: f"why {name}")
-    d.evaluate(f, 0.0)
-    return d.evaluate(f, 10.0)
+    d.evaluate(f, 0.0, texts)
+    return d.evaluate(f, 10.0, texts)
 
 
 def ids(a: Analysis) -> set[str]:

@@ -12,6 +12,7 @@ from tests.unit.rules import RULES, features
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.features import CATALOGUE, PROGRESS_FEATURES, WATCH_FEATURES, Features
 from torchwatch.analysis.rules_engine import Rule, parse_rule
+from torchwatch.wire import LoaderInfo
 
 WINDOWS = Path(__file__).resolve().parent.parent / "fixtures" / "windows"
 
@@ -407,10 +408,29 @@ def test_not_applicable_drops_a_firing_finding() -> None:
     assert a.findings == [] and a.not_applicable[0].missing == "storage_wait_share"
 
 
-def settle(values: Features, rules: list[Rule] | None = None) -> Analysis:
+def settle(values: Features, rules: list[Rule] | None = None, texts: dict[str, str] | None = None) -> Analysis:
     d = Diagnoser(list(RULES.values()) if rules is None else rules)
-    d.evaluate(values, 0.0)
-    return d.evaluate(values, 10.0)
+    d.evaluate(values, 0.0, texts)
+    return d.evaluate(values, 10.0, texts)
+
+
+def _loader_texts(f: Features) -> dict[str, str]:
+    """``loader_settings`` as the hook's record of that loader gives it (features.texts), from the
+    loader settings a recorded window's features carry."""
+    loader = LoaderInfo(
+        num_workers=int(f["dl_num_workers"] or 0),
+        batch_size=None if f["dl_batch_size"] is None else int(f["dl_batch_size"]),
+        pin_memory=bool(f["dl_pin_memory"]),
+        prefetch_factor=None if f["dl_prefetch_factor"] is None else int(f["dl_prefetch_factor"]),
+        persistent_workers=bool(f["dl_persistent_workers"]),
+        multiprocessing_context=None,
+        dataset="Reads",
+        collate_fn="default_collate",
+        batches=100,
+        wait_s=1.0,
+        batch_bytes=None,
+    )
+    return {"loader_settings": loader.settings_text()}
 
 
 def test_gpu_beats_io() -> None:
@@ -603,11 +623,16 @@ def test_fixes_quote_the_loaders_real_settings() -> None:
         dl_pin_memory=0.0,
     )
     d = Diagnoser([RULES["loader-cpu-in-main-thread"]])
-    d.evaluate(f, 0.0)
-    fixes = d.evaluate(f, 10.0).findings[0].fixes
+    texts = _loader_texts({**f, "dl_prefetch_factor": None, "dl_persistent_workers": 0.0})
+    d.evaluate(f, 0.0, texts)
+    fixes = d.evaluate(f, 10.0, texts).findings[0].fixes
     assert fixes[0].detail.startswith(
         "num_workers=0, batch_size=64, pin_memory=False on 16 usable CPUs: try num_workers=15"
     )
+    d = Diagnoser([RULES["loader-cpu-in-main-thread"]])  # no hook: only the workers alive are known
+    d.evaluate({**f, "dl_num_workers": None}, 0.0)
+    alone = d.evaluate({**f, "dl_num_workers": None}, 10.0).findings[0].fixes
+    assert alone[0].detail.startswith("num_workers=0 on 16 usable CPUs")
 
 
 def test_amp_fix_only_when_autocast_is_not_on() -> None:
@@ -671,7 +696,8 @@ def test_storage_sub_causes_stand_back_when_the_device_is_not_the_trainings(shar
 def test_recorded_latency_bound_workers_are_told_to_outnumber_the_cpus() -> None:
     # 2 workers on 2 CPUs, 65 % of their time in disk wait, 63 % of a core in all: the spare CPU
     # carries 3 (the scenario ran 16.2 / 22 / 29 steps/s with 2 / 3 / 4 workers).
-    a = settle(_recorded("random_reads_workers"))
+    f = _recorded("random_reads_workers")
+    a = settle(f, texts=_loader_texts(f))
     latency = next(f for f in a.findings if f.rule == "storage-latency")
     first = latency.fixes[0]
     assert first.title == "Run more workers than CPUs"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit import nvml_replay
-from tests.unit.gpu_readings import burst, feats, ids, na, settle
+from tests.unit.gpu_readings import burst, feats, ids, na, settle, texts_of
 from torchwatch.model.readings import GpuSample
 from torchwatch.model.units import human_bytes
 
@@ -125,7 +125,8 @@ def test_gpu_bound_trace_has_little_idle() -> None:
 
 def test_pageable_copies_name_pin_memory_with_the_loaders_settings() -> None:
     loader = {"num_workers": 4, "batch_size": 256, "pin_memory": False, "prefetch_factor": 2}
-    a = settle(feats(hook=burst("trace_pageable_h2d", dataloader=loader)))
+    hook = burst("trace_pageable_h2d", dataloader=loader)
+    a = settle(feats(hook=hook), texts_of(hook))
     copies, nbytes = a.features["burst_pageable_h2d_per_step"], a.features["burst_pageable_h2d_bytes_per_step"]
     assert copies is not None and copies >= 1
     assert nbytes is not None and nbytes >= 2**20  # a batch, not a few scalars

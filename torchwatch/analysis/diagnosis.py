@@ -105,7 +105,7 @@ def template_values(features: Features, texts: Mapping[str, str] | None = None) 
     )
     set_workers = features.get("dl_num_workers")
     values["num_workers"] = set_workers if set_workers is not None else features.get("worker_count")
-    values["loader_settings"] = _loader_settings(features)
+    values["loader_settings"] = _loader_settings(features, texts)
     amp = features.get("amp_enabled")
     values["amp_state"] = "unknown (no hook)" if amp is None else ("autocast on" if amp else "no autocast seen")
     values["memory_pressure_state"] = _memory_pressure(features)
@@ -175,26 +175,15 @@ def _memory_pressure(f: Features) -> str:
     return text + (f" ({nvml_text})" if nvml_text else "")
 
 
-def _loader_settings(f: Features) -> str:
-    """The DataLoader's settings as the user set them (hook), as one phrase."""
-    if f.get("dl_num_workers") is None:
-        workers = f.get("worker_count")
-        # without the hook only the workers alive are known (psutil)
-        return "n/a (no hook)" if workers is None else f"num_workers={workers:.0f}"
-
-    def flag(name: str) -> str:
-        v = f.get(name)
-        return "n/a" if v is None else str(bool(v))
-
-    parts = [f"num_workers={f['dl_num_workers']:.0f}"]
-    if f.get("dl_batch_size") is not None:
-        parts.append(f"batch_size={f['dl_batch_size']:.0f}")
-    parts.append(f"pin_memory={flag('dl_pin_memory')}")
-    if f["dl_num_workers"]:
-        prefetch = f.get("dl_prefetch_factor")
-        parts.append(f"prefetch_factor={'n/a' if prefetch is None else f'{prefetch:.0f}'}")
-        parts.append(f"persistent_workers={flag('dl_persistent_workers')}")
-    return ", ".join(parts)
+def _loader_settings(f: Features, texts: Mapping[str, str] | None) -> str:
+    """The DataLoader's settings as the user set them, quoted from the hook's record
+    (``texts["loader_settings"]``: :meth:`torchwatch.wire.LoaderInfo.settings_text`); without the
+    hook, only the workers alive are known (psutil)."""
+    quoted = (texts or {}).get("loader_settings")
+    if quoted is not None:
+        return quoted
+    workers = f.get("worker_count")
+    return "n/a (no hook)" if workers is None else f"num_workers={workers:.0f}"
 
 
 class Diagnoser:

@@ -59,6 +59,19 @@ class LoaderInfo:
         """The JSON object (the keys torchwatch's report shows)."""
         return dict(self.__dict__)
 
+    def settings_text(self) -> str:
+        """The settings a fix quotes, as the user would write them: ``num_workers=2,
+        batch_size=32, pin_memory=False, prefetch_factor=2, persistent_workers=False`` (the last two
+        only with workers, where they apply; ``batch_size`` only when set)."""
+        parts = [f"num_workers={self.num_workers}"]
+        if self.batch_size is not None:
+            parts.append(f"batch_size={self.batch_size}")
+        parts.append(f"pin_memory={self.pin_memory}")
+        if self.num_workers:
+            parts.append(f"prefetch_factor={self.prefetch_factor}")
+            parts.append(f"persistent_workers={self.persistent_workers}")
+        return ", ".join(parts)
+
 
 LOADER_SETTINGS = ("num_workers", "batch_size", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last")
 """The :class:`LoaderInfo` fields that are settings the user passed, in the order the report and

@@ -103,6 +103,8 @@ def texts(window: Window, main_pid: int | None) -> dict[str, str]:
         ``thread_env`` (``OMP_NUM_THREADS=8`` or ``OMP_NUM_THREADS unset``), each only when read, and
         ``cpu_neighbours`` (``PID 812 python (alice) 1.0 cores, ...``: the largest CPU users outside
         the training and torchwatch in the window's last scan that saw any), only when there are,
+        ``loader_settings`` (the most-used DataLoader's settings as passed:
+        :meth:`~torchwatch.wire.LoaderInfo.settings_text`), once the hook has seen one,
         and the torch.compile events in words (:func:`compile_texts`), once something compiled.
     """
     out: dict[str, str] = {}
@@ -118,6 +120,8 @@ def texts(window: Window, main_pid: int | None) -> dict[str, str]:
             if threads.omp_num_threads is not None
             else "OMP_NUM_THREADS unset"
         )
+    if record is not None and record.dataloaders:
+        out["loader_settings"] = record.dataloaders[0].settings_text()  # the most-used loader first
     if record is not None and record.compile is not None:
         out.update(compile_texts(record.compile))
     out.update(producers.producer_texts(window, main_pid))
