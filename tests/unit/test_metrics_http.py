@@ -27,9 +27,9 @@ from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
 from tests.unit.prom import free_port, two_ranks
-from torchwatch.faces.metrics_http import HttpServer
-from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
-from torchwatch.faces.webconfig import load_web_config
+from torchwatch.exposition import MetricsServer, load_web_config
+from torchwatch.exposition.http_server import HttpServer
+from torchwatch.faces.prometheus import ObservationCollector
 from torchwatch.model.errors import UsageError
 
 IDLE = 200

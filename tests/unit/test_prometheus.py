@@ -15,13 +15,12 @@ from prometheus_client.registry import CollectorRegistry
 from tests.unit.prom import JOB, free_port, samples, two_ranks
 from torchwatch.analysis.features import CATALOGUE
 from torchwatch.cli import main
+from torchwatch.exposition import MetricsServer, parse_listen
 from torchwatch.faces.prometheus import (
-    MetricsServer,
     ObservationCollector,
     feature_metric,
     job_keys,
     metric_families,
-    parse_listen,
 )
 from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.hang import HangProcess, HangView

@@ -95,11 +95,12 @@ class Exporter:
     and shows ``torchwatch_targets 0`` until :attr:`session` is set.
 
     Raises:
-        TorchwatchError: the address cannot be bound (see :class:`~torchwatch.faces.prometheus.MetricsServer`).
+        TorchwatchError: the address cannot be bound (see :class:`~torchwatch.exposition.MetricsServer`).
     """
 
     def __init__(self, listen: tuple[str, int]) -> None:
-        from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
+        from torchwatch.exposition import MetricsServer
+        from torchwatch.faces.prometheus import ObservationCollector
 
         self.session: Session | None = None
         self._origins: dict[int, Origin] = {}

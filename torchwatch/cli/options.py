@@ -85,8 +85,8 @@ def steps(text: str) -> tuple[int, ...]:
 
 
 def _listen(text: str) -> tuple[str, int]:
-    """``--prometheus [HOST:]PORT`` (:func:`torchwatch.faces.prometheus.parse_listen`)."""
-    from torchwatch.faces.prometheus import parse_listen
+    """``--prometheus [HOST:]PORT`` (:func:`torchwatch.exposition.parse_listen`)."""
+    from torchwatch.exposition import parse_listen
 
     try:
         return parse_listen(text)

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from torchwatch.analysis.rules_engine import load_rules
+from torchwatch.exposition import MetricsServer, load_web_config
 from torchwatch.faces.headless import status_line
-from torchwatch.faces.prometheus import MetricsServer, ObservationCollector
-from torchwatch.faces.webconfig import load_web_config
+from torchwatch.faces.prometheus import ObservationCollector
 from torchwatch.model.errors import UsageError
 from torchwatch.model.text import terminal_safe
 from torchwatch.watch.caps import MAX_PER_USER, MAX_TRAININGS

@@ -2,7 +2,7 @@
 
 The metrics are a pure function of the Observations (:func:`metric_families`); the HTTP side is
 ``prometheus_client``'s WSGI application behind a server that idle, slow or many clients cannot
-blind (:class:`MetricsServer`, :mod:`torchwatch.faces.metrics_http`), with a custom collector
+blind (:class:`torchwatch.exposition.MetricsServer`, outside the faces), with a custom collector
 (:class:`ObservationCollector`) that asks for the latest Observations when Prometheus scrapes, so
 nothing is computed between scrapes.
 
@@ -37,20 +37,13 @@ A value torchwatch did not measure has no sample (never 0), as in the report.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import ipaddress
 import logging
-import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 
-from torchwatch.faces.metrics_http import HEADER_TIMEOUT_S, REQUEST_TIMEOUT_S, HttpServer
-from torchwatch.faces.webconfig import WebConfig
-from torchwatch.model.errors import TorchwatchError, UsageError
 from torchwatch.model.hang import HangView
 from torchwatch.model.observation import FeatureSpec, GpuRow, Observation, ProcessRow, RankView
 from torchwatch.model.origin import Origin
@@ -61,19 +54,16 @@ __all__ = [
     "PREFIX",
     "RANK_LABELS",
     "TARGET_LABELS",
-    "MetricsServer",
     "ObservationCollector",
     "feature_metric",
     "job_keys",
     "metric_families",
-    "parse_listen",
     "training_job",
 ]
 
 log = logging.getLogger(__name__)
 
 PREFIX = "torchwatch"
-DEFAULT_HOST = "127.0.0.1"  # only this machine can scrape unless a host is given
 
 # Catalogue unit -> (name suffix, factor to the Prometheus base unit), and the suffixes of feature
 # names that already say the unit (taken off before the base unit's suffix goes on).
@@ -690,127 +680,3 @@ class ObservationCollector(Collector):
                         pid,
                     )
         yield from families
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``[HOST:]PORT`` of ``--prometheus``: ``9400``, ``0.0.0.0:9400``, ``[::1]:9400``, ``node1:9400``.
-
-    Returns:
-        ``(host, port)``; the host is :data:`DEFAULT_HOST` when not given.
-
-    Raises:
-        UsageError: not a port 1-65535, or an empty host.
-    """
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host = DEFAULT_HOST
-    elif host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    hint = "give --prometheus a port, or HOST:PORT, e.g. --prometheus 9400 or --prometheus 0.0.0.0:9400"
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError(f"--prometheus takes [HOST:]PORT, not {text!r}", hint) from None
-    if not 1 <= port <= 65535 or not host:
-        raise UsageError(f"--prometheus takes [HOST:]PORT with a port 1-65535, not {text!r}", hint)
-    return host, port
-
-
-def _family(host: str) -> socket.AddressFamily:
-    with contextlib.suppress(ValueError):
-        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    return socket.AF_INET
-
-
-class MetricsServer:
-    """``/metrics`` over HTTP(S) on ``host:port``, in daemon threads: ``prometheus_client``'s WSGI
-    application behind :class:`~torchwatch.faces.metrics_http.HttpServer` (no thread per
-    connection, a header deadline, bounds per client address and in all: idle clients cannot keep
-    a scrape out; that module's docstring has the numbers and why).
-
-    Args:
-        collector: what a scrape renders.
-        host / port: where to listen (see :func:`parse_listen`).
-        web: TLS and basic auth (:class:`~torchwatch.faces.webconfig.WebConfig`, from
-            ``--web-config-file``); ``None``: plain HTTP, no authentication.
-        header_timeout_s / request_timeout_s: the deadlines of
-            :class:`~torchwatch.faces.metrics_http.HttpServer`.
-
-    Raises:
-        TorchwatchError: the port is in use, or the address cannot be bound (one line with the fix).
-    """
-
-    def __init__(
-        self,
-        collector: Collector,
-        host: str,
-        port: int,
-        *,
-        web: WebConfig | None = None,
-        header_timeout_s: float = HEADER_TIMEOUT_S,
-        request_timeout_s: float = REQUEST_TIMEOUT_S,
-    ) -> None:
-        from prometheus_client.exposition import make_wsgi_app
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(collector)
-        self.host, self.port = host, port
-        self.tls = web is not None and web.tls is not None
-        try:
-            family, address = _best_family(host, port)
-            self._server = HttpServer(
-                make_wsgi_app(registry),
-                family,
-                address,
-                port,
-                tls=None if web is None else web.tls,
-                authorize=None if web is None else web.authorize,
-                header_timeout_s=header_timeout_s,
-                request_timeout_s=request_timeout_s,
-            )
-        except OSError as exc:
-            raise _bind_error(exc, host, port) from None
-
-    @property
-    def url(self) -> str:
-        """``http[s]://HOST:PORT/metrics``."""
-        host = f"[{self.host}]" if _family(self.host) == socket.AF_INET6 else self.host
-        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/metrics"
-
-    @property
-    def server(self) -> HttpServer:
-        """The HTTP server (its counters: ``accepted``, ``evicted``, ``timed_out``, ``open_connections``)."""
-        return self._server
-
-    def stop(self) -> None:
-        """Stop serving, close the connections still open and the socket (idempotent)."""
-        self._server.stop()
-
-
-def _best_family(host: str, port: int) -> tuple[socket.AddressFamily, str]:
-    """The address family and address to bind for ``host`` (a name is resolved), as
-    ``prometheus_client``'s own server picks them.
-
-    Raises:
-        OSError: the name does not resolve (``socket.gaierror``).
-    """
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, sockaddr = infos[0]
-    return family, str(sockaddr[0])
-
-
-def _bind_error(exc: OSError, host: str, port: int) -> TorchwatchError:
-    """One line for a failed bind, with the fix."""
-    if exc.errno == errno.EADDRINUSE:
-        return TorchwatchError(
-            f"--prometheus {host}:{port}: port {port} is already in use",
-            f"choose another port, or find what holds it: ss -ltnp 'sport = :{port}'",
-        )
-    if exc.errno == errno.EACCES:
-        return TorchwatchError(
-            f"--prometheus {host}:{port}: permission denied", "use a port above 1023, or run as root"
-        )
-    return TorchwatchError(
-        f"--prometheus {host}:{port}: cannot listen there: {exc.strerror or exc}",
-        "give an address of this machine (127.0.0.1, 0.0.0.0, ::) and a free port",
-    )

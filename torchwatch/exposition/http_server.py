@@ -25,7 +25,7 @@ is no idle keep-alive connection of the scraper's own for a flood to push out.
 
 TLS (``tls``: an :class:`ssl.SSLContext`, client certificates if it asks for them) is negotiated on
 the same loop, within the same deadlines; ``authorize`` checks each request's ``Authorization``
-header (HTTP basic auth, :mod:`torchwatch.faces.webconfig`) on the render thread.
+header (HTTP basic auth, :mod:`torchwatch.exposition.webconfig`) on the render thread.
 """
 
 from __future__ import annotations
