@@ -56,22 +56,27 @@ def observation(analysis: Analysis | None, exit_code: int | None = None) -> Obse
     return observe(Store(), tick, Trends())
 
 
+def loader_info(**settings: Any) -> LoaderInfo:
+    """A DataLoader's record as the hook writes it: 64 images a batch, no workers, 100 batches
+    taken in 1 s of waiting, with ``settings`` (``LoaderInfo``'s fields) over those."""
+    base: dict[str, Any] = {
+        "num_workers": 0,
+        "batch_size": 64,
+        "pin_memory": False,
+        "prefetch_factor": None,
+        "persistent_workers": False,
+        "multiprocessing_context": None,
+        "dataset": "Images",
+        "collate_fn": "default_collate",
+        "batches": 100,
+        "wait_s": 1.0,
+        "batch_bytes": None,
+    }
+    return LoaderInfo(**{**base, **settings})
+
+
 def _loader(num_workers: int) -> dict[str, Any]:
-    loader = LoaderInfo(
-        num_workers=num_workers,
-        batch_size=64,
-        pin_memory=False,
-        prefetch_factor=None,
-        persistent_workers=num_workers > 0,
-        multiprocessing_context=None,
-        dataset="Images",
-        collate_fn="default_collate",
-        batches=100,
-        wait_s=1.0,
-        batch_bytes=None,
-        drop_last=True,
-    )
-    return loader.to_json()
+    return loader_info(num_workers=num_workers, persistent_workers=num_workers > 0, drop_last=True).to_json()
 
 
 def _report(steps_per_s: float, num_workers: int, data_wait: float, label_wait: float = 0.6) -> dict[str, Any]:

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from tests.unit.reports import loader_info
 from tests.unit.rules import RULES, features
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.features import CATALOGUE, PROGRESS_FEATURES, WATCH_FEATURES, Features
 from torchwatch.analysis.rules_engine import Rule, parse_rule
-from torchwatch.wire import LoaderInfo
 
 WINDOWS = Path(__file__).resolve().parent.parent / "fixtures" / "windows"
 
@@ -417,18 +417,12 @@ def settle(values: Features, rules: list[Rule] | None = None, texts: dict[str, s
 def _loader_texts(f: Features) -> dict[str, str]:
     """``loader_settings`` as the hook's record of that loader gives it (features.texts), from the
     loader settings a recorded window's features carry."""
-    loader = LoaderInfo(
+    loader = loader_info(
         num_workers=int(f["dl_num_workers"] or 0),
         batch_size=None if f["dl_batch_size"] is None else int(f["dl_batch_size"]),
         pin_memory=bool(f["dl_pin_memory"]),
         prefetch_factor=None if f["dl_prefetch_factor"] is None else int(f["dl_prefetch_factor"]),
         persistent_workers=bool(f["dl_persistent_workers"]),
-        multiprocessing_context=None,
-        dataset="Reads",
-        collate_fn="default_collate",
-        batches=100,
-        wait_s=1.0,
-        batch_bytes=None,
     )
     return {"loader_settings": loader.settings_text()}
 
