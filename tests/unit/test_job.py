@@ -59,6 +59,11 @@ def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, 
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
         kids = sorted(c.pid for c in psutil.Process(parent.pid).children())
+        # each child past its execve: until then its command line reads empty (a CI run beside
+        # load read the resource tracker's as "", so the test took it for a rank)
+        deadline = time.monotonic() + 30.0
+        while not all(psutil.Process(k).cmdline() for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.01)
         yield parent.pid, kids
     finally:
         for c in psutil.Process(parent.pid).children():
