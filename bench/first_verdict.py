@@ -15,6 +15,11 @@ To compare with an older commit, check it out beside this one first::
     python bench/first_verdict.py --runs 3 --checkouts old=/tmp/tw-old
     git worktree remove /tmp/tw-old
 
+An editable install finds its rules (the package ``torchwatch.rules``, mapped from ``rules/``) in
+the checkout it was installed from, whatever the working directory: to compare rules too, give the
+other checkout an interpreter of its own, ``NAME=PATH@PYTHON`` (a venv with ``pip install -e PATH``
+and the same torch), and it runs both torchwatch and the demo.
+
 The rules run once a second on a grid of whole seconds, so a single run moves by up to a second
 with the phase of that grid against the training's first step; compare medians of several runs.
 """
@@ -37,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 MIN_STACKS = 20  # torchwatch.analysis.features.MIN_STACK_SAMPLES
 
 
-def watch(checkout: Path, demo: str, duration: float) -> dict[str, Any]:
-    """One headless run of ``demo`` under the torchwatch of ``checkout``.
+def watch(checkout: Path, demo: str, duration: float, python: str = sys.executable) -> dict[str, Any]:
+    """One headless run of ``demo`` under the torchwatch of ``checkout``, both run by ``python``.
 
     Returns:
         ``first_step`` (s after launch), ``first`` (s after launch of the first correct verdict),
@@ -50,9 +55,9 @@ def watch(checkout: Path, demo: str, duration: float) -> dict[str, Any]:
     """
     with tempfile.TemporaryDirectory() as tmp:
         out, trace = Path(tmp) / "report.json", Path(tmp) / "trace.jsonl"
-        cmd = [sys.executable, "-m", "torchwatch", "run", "--headless", "--duration", str(duration)]
+        cmd = [python, "-m", "torchwatch", "run", "--headless", "--duration", str(duration)]
         cmd += ["--json", str(out), "--trace", str(trace), "--"]
-        cmd += [sys.executable, str(REPO / "demo" / f"{demo}.py"), "--device", "cpu"]
+        cmd += [python, str(REPO / "demo" / f"{demo}.py"), "--device", "cpu"]
         proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True, timeout=duration + 120)
         if not out.exists():
             raise SystemExit(f"bench/first_verdict.py: {checkout} gave no report: {proc.stderr.strip()[-300:]}")
@@ -73,13 +78,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--duration", type=float, default=12.0, help="torchwatch --duration per run (default 12)")
     parser.add_argument("--demos", default="dataloader_bound,cpu_bound,launch_bound,gpu_bound")
-    parser.add_argument("--checkouts", default="", help="NAME=PATH,... other checkouts to compare (this one is 'this')")
+    parser.add_argument(
+        "--checkouts", default="", help="NAME=PATH[@PYTHON],... other checkouts to compare (this one is 'this')"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON here")
     args = parser.parse_args()
     checkouts = {"this": REPO}
+    pythons = {"this": sys.executable}
     for item in filter(None, args.checkouts.split(",")):
-        name, _, path = item.partition("=")
+        name, _, spec = item.partition("=")
+        path, _, python = spec.partition("@")
         checkouts[name] = Path(path).resolve()
+        pythons[name] = python or sys.executable
     demos = args.demos.split(",")
     runs: list[dict[str, Any]] = []
     for r in range(args.runs):
@@ -87,7 +97,7 @@ def main() -> None:
             order = list(checkouts)
             random.shuffle(order)
             for name in order:
-                run = {"round": r + 1, "checkout": name, "demo": demo, **watch(checkouts[name], demo, args.duration)}
+                run = {"round": r + 1, "checkout": name, "demo": demo, **watch(checkouts[name], demo, args.duration, pythons[name])}
                 runs.append(run)
                 print(
                     f"round {r + 1} {demo:16s} {name:8s} first step {run['first_step']} s, first correct verdict "
