@@ -204,6 +204,30 @@ def test_the_limit_of_a_cgroup_is_read_with_its_working_set(cgroups):
 SIMULATED = REPO / "tests" / "scenarios" / "memory" / "cuda_oom_simulated.py"
 
 
+def _run_or_dump(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd)``; past ``timeout`` s the test fails with the Python stacks of the
+    command and what it started (``py-spy dump``), then they are killed. Once in CI (2026-11-29)
+    ``run --duration 60`` outlived 120 s here after its training had died, with no status line
+    after its first second: the stacks say where it was."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stacks = []
+        with contextlib.suppress(psutil.Error, OSError, subprocess.SubprocessError):
+            for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+                dump = subprocess.run(
+                    ["py-spy", "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=30, check=False
+                )
+                stacks.append(f"PID {p.pid} {' '.join(p.cmdline())[:200]}:\n{dump.stdout}{dump.stderr}")
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout} s; stderr:\n{err[-3000:]}\nstacks:\n" + "\n".join(stacks))
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @pytest.mark.parametrize("observer", [True, False], ids=["observer", "at-exit"])
 def test_simulated_a_cuda_out_of_memory_error_is_recorded_through_the_hook(tmp_path, observer):
     """SIMULATED (no GPU here): a fake CUDA surface on a CPU torch (tests/scenarios/memory/cuda_oom_simulated.py);
@@ -212,7 +236,7 @@ def test_simulated_a_cuda_out_of_memory_error_is_recorded_through_the_hook(tmp_p
     report = tmp_path / "oom.json"
     cmd = [sys.executable, "-m", "torchwatch", "run", "--headless", "--duration", "60", "--json", str(report),
            "--", sys.executable, str(SIMULATED), "--steps", "30", *([] if observer else ["--no-observer"])]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
+    proc = _run_or_dump(cmd, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the training's exit status: it died of the error
     assert "torch.OutOfMemoryError: CUDA out of memory" in proc.stderr  # unchanged, uncaught
     data = json.loads(report.read_text())
