@@ -83,13 +83,11 @@ def main() -> None:
     )
     parser.add_argument("--json", metavar="PATH", help="also write every run as JSON here")
     args = parser.parse_args()
-    checkouts = {"this": REPO}
-    pythons = {"this": sys.executable}
+    checkouts = {"this": (REPO, sys.executable)}  # name: (checkout, the interpreter that runs it)
     for item in filter(None, args.checkouts.split(",")):
         name, _, spec = item.partition("=")
         path, _, python = spec.partition("@")
-        checkouts[name] = Path(path).resolve()
-        pythons[name] = python or sys.executable
+        checkouts[name] = (Path(path).resolve(), python or sys.executable)
     demos = args.demos.split(",")
     runs: list[dict[str, Any]] = []
     for r in range(args.runs):
@@ -97,7 +95,8 @@ def main() -> None:
             order = list(checkouts)
             random.shuffle(order)
             for name in order:
-                run = {"round": r + 1, "checkout": name, "demo": demo, **watch(checkouts[name], demo, args.duration, pythons[name])}
+                checkout, python = checkouts[name]
+                run = {"round": r + 1, "checkout": name, "demo": demo, **watch(checkout, demo, args.duration, python)}
                 runs.append(run)
                 print(
                     f"round {r + 1} {demo:16s} {name:8s} first step {run['first_step']} s, first correct verdict "
