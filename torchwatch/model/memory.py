@@ -8,6 +8,7 @@ memory files, ``/proc/meminfo``, ``/dev/kmsg``); the forecast and the record are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from torchwatch.wire import OomRecord
 
@@ -97,6 +98,8 @@ class MemorySample:
             processes read this round (smaps_rollup is read every few rounds: empty between).
         kills: OOM kills the kernel logged since the last round (root only).
     """
+
+    STORE_KIND: ClassVar[str] = "memory"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
 
     t: float
     limit: LimitReading | None

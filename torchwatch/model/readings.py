@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torchwatch.wire import HookRecord, RankStep
 
@@ -98,6 +98,8 @@ class ProcessSample:
             trainer, a ``multiprocessing.Pool`` of trainers); its role is ``main``.
     """
 
+    STORE_KIND: ClassVar[str] = "processes"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
+
     t: float
     pid: int
     ppid: int
@@ -131,6 +133,8 @@ class ThreadSample:
         collective: the thread runs CPU collectives (gloo's: ``pt_gloo_runloop``,
             ``gloo_tcp_loop``): its CPU is communication, not the step's compute.
     """
+
+    STORE_KIND: ClassVar[str] = "threads"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
 
     t: float
     pid: int
@@ -213,6 +217,8 @@ class SystemSample:
             run on (its affinity).
     """
 
+    STORE_KIND: ClassVar[str] = "system"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
+
     t: float
     cpu_pct: float | None
     io_some_pct: float | None
@@ -263,6 +269,8 @@ class GpuSample:
             PIDs, ...); ``None`` when it was read.
     """
 
+    STORE_KIND: ClassVar[str] = "gpus"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
+
     t: float
     index: int
     name: str
@@ -301,6 +309,8 @@ class StackSample:
     ``frames`` run from the outermost call to the leaf. ``t`` is the end of the chunk.
     """
 
+    STORE_KIND: ClassVar[str] = "stacks"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
+
     t: float
     pid: int
     tid: int
@@ -329,6 +339,8 @@ class HookState:
         rank_steps: the same steps as ``new_steps`` with their backward and collective times
             (:class:`~torchwatch.wire.RankStep`, s), for the per-rank readings.
     """
+
+    STORE_KIND: ClassVar[str] = "hook"  # its list in the store (:class:`~torchwatch.analysis.store.Window`)
 
     t: float
     pid: int
