@@ -52,9 +52,8 @@ def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int, inte
     """CPU % of one core used by one source sampling ``pid`` for ``seconds`` (``interval``: s
     between samples, default the source's own)."""
     s = Session(pid, [], opts)
-    src = {"psutil": s.proc, "hook": s.hook, "py-spy": s.pyspy}.get(name) or next(
-        x for x in s.sources if x.name == name
-    )
+    src = s.sources.get(name)
+    assert src is not None, f"no source named {name}"
     if interval is not None:
         src.interval = interval
     stop = threading.Event()
@@ -66,15 +65,15 @@ def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int, inte
             stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
 
     if name == "threads":
-        s.proc.sample(time.monotonic())  # roles and tree, as the session would have them
-    c0, p0, t0 = _cpu_s(), s.pyspy.cpu_s, time.monotonic()
+        s.sources.tree.sample(time.monotonic())  # roles and tree, as the session would have them
+    c0, p0, t0 = _cpu_s(), s.sources.helper_cpu_s(), time.monotonic()
     th = threading.Thread(target=loop, daemon=True)
     th.start()
     time.sleep(seconds)
     stop.set()
     th.join(10)
     src.close()
-    used = (_cpu_s() - c0) + (s.pyspy.cpu_s - p0)
+    used = (_cpu_s() - c0) + (s.sources.helper_cpu_s() - p0)
     return 100.0 * used / (time.monotonic() - t0)
 
 
@@ -146,7 +145,7 @@ def session_shares(seconds: float, pid: int, warmup: float = 0.0) -> dict[str, f
     s.start()
     time.sleep(warmup)
     threads = {t.name.removeprefix("torchwatch-"): t.native_id for t in s._threads if t.native_id}
-    c0, p0, t0 = _cpu_s(), s.pyspy.cpu_s, time.monotonic()
+    c0, p0, t0 = _cpu_s(), s.sources.helper_cpu_s(), time.monotonic()
     before = {name: _thread_cpu_s(tid) for name, tid in threads.items()}
     sampling = []
     end = t0 + seconds
@@ -155,7 +154,7 @@ def session_shares(seconds: float, pid: int, warmup: float = 0.0) -> dict[str, f
         sampling.append(s.pacer.cadence.mode)
     after = {name: _thread_cpu_s(tid) for name, tid in threads.items()}
     wall = time.monotonic() - t0
-    py_spy = s.pyspy.cpu_s - p0
+    py_spy = s.sources.helper_cpu_s() - p0
     total = _cpu_s() - c0 + py_spy
     s.stop()
     out = {name: 100.0 * (after[name] - before[name]) / wall for name in threads}

@@ -29,6 +29,7 @@ from torchwatch.watch.cadence import (
     steady_cadence,
     until_tick,
 )
+from torchwatch.watch.options import SessionOptions
 
 BASE = CadenceReading(
     label="dataloader-bound",
@@ -187,27 +188,51 @@ def test_few_steps_in_the_window_are_not_compared() -> None:
     assert policy.update(replace(slow, step_time_s=7.0, data_wait=0.75)).mode == FAST
 
 
+def test_the_fast_cadence_is_the_options_rates() -> None:
+    """Each paced source's fast pace, as the session's options and the sources give it."""
+    fast = fast_cadence()
+    assert fast.mode == FAST and fast.analysis_interval_s == 1.0
+    assert dict(fast.paces) == {
+        "psutil": {"interval_s": 1.0},
+        "threads": {"interval_s": 0.1, "all_interval_s": 1.0},
+        "py-spy": {"rate": 20, "chunk_s": 3.0},
+        "hook": {"interval_s": 0.5},
+        "nvml": {"interval_s": 1.0},
+    }
+    opts = SessionOptions(pyspy_rate=7, pyspy_chunk_s=4.0, thread_interval_s=0.3, analysis_interval_s=0.5)
+    mine = fast_cadence(opts)
+    assert mine.pace("py-spy") == {"rate": 7, "chunk_s": 4.0} and mine.pace("threads")["interval_s"] == 0.3
+    assert mine.analysis_interval_s == 0.5
+
+
 def test_steady_cadence_is_slower_than_fast_everywhere() -> None:
     fast = fast_cadence()
     steady = steady_cadence(fast)
     assert steady.mode == STEADY
-    assert steady.pyspy_rate < fast.pyspy_rate
-    assert steady.pyspy_chunk_s > fast.pyspy_chunk_s
-    for name in (
-        "thread_interval_s",
-        "all_threads_interval_s",
-        "proc_interval_s",
-        "hook_interval_s",
-        "nvml_interval_s",
-        "analysis_interval_s",
-    ):
-        assert getattr(steady, name) > getattr(fast, name), name
+    assert dict(steady.paces) == {
+        "psutil": {"interval_s": 2.0},
+        "threads": {"interval_s": 0.2, "all_interval_s": 2.0},
+        "py-spy": {"rate": 5, "chunk_s": 8.0},
+        "hook": {"interval_s": 1.0},
+        "nvml": {"interval_s": 2.0},
+    }
+    assert steady.pace("py-spy")["rate"] < fast.pace("py-spy")["rate"]
+    assert steady.pace("py-spy")["chunk_s"] > fast.pace("py-spy")["chunk_s"]
+    for source, pace in fast.paces.items():
+        for knob, value in pace.items():
+            if knob.endswith("_s") and source != "py-spy":
+                assert steady.pace(source)[knob] > value, (source, knob)
+    assert steady.analysis_interval_s > fast.analysis_interval_s
     # a short --window gets chunks that fit in it (every window holds a chunk's stacks)
-    assert steady_cadence(fast, window_s=5.0).pyspy_chunk_s == 4.0
-    assert steady_cadence(fast, window_s=3.0).pyspy_chunk_s == fast.pyspy_chunk_s
+    assert steady_cadence(fast, window_s=5.0).pace("py-spy")["chunk_s"] == 4.0
+    assert steady_cadence(fast, window_s=3.0).pace("py-spy")["chunk_s"] == fast.pace("py-spy")["chunk_s"]
     # a user's slower --rate is never made faster by the steady cadence
-    slow = steady_cadence(fast_cadence(pyspy_rate=2, pyspy_chunk_s=10.0, thread_interval_s=1.0))
-    assert (slow.pyspy_rate, slow.pyspy_chunk_s, slow.thread_interval_s) == (2, 10.0, 1.0)
+    slow = steady_cadence(fast_cadence(SessionOptions(pyspy_rate=2, pyspy_chunk_s=10.0, thread_interval_s=1.0)))
+    assert (slow.pace("py-spy")["rate"], slow.pace("py-spy")["chunk_s"], slow.pace("threads")["interval_s"]) == (
+        2,
+        10.0,
+        1.0,
+    )
 
 
 # -- the samplers' grid ----------------------------------------------------------------------------
@@ -232,14 +257,8 @@ def test_every_sampler_of_a_cadence_wakes_on_a_tick_of_the_fastest(steady: bool)
     """The point of the grid: a slower sampler never wakes the process at an instant of its own."""
     fast = fast_cadence()
     c = steady_cadence(fast) if steady else fast
-    intervals = [
-        c.thread_interval_s,
-        c.all_threads_interval_s,
-        c.proc_interval_s,
-        c.hook_interval_s,
-        c.nvml_interval_s,
-        c.analysis_interval_s,
-    ]
+    intervals = [v for pace in c.paces.values() for knob, v in pace.items() if knob.endswith("interval_s")]
+    intervals.append(c.analysis_interval_s)
     finest = min(intervals)
     start = 4321.987
     for interval in intervals:

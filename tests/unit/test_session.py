@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,13 @@ from torchwatch.watch.observe import NO_CUDA, NO_HOOK_MEMORY
 from torchwatch.watch.session import Session, SessionOptions
 
 
+def _named(session: Session, name: str) -> Any:
+    """The session's source named ``name`` (its concrete class: the test reads its knobs)."""
+    src = session.sources.get(name)
+    assert src is not None, name
+    return src
+
+
 @pytest.fixture
 def session() -> Session:
     # Built on this test process but never started: no sampler thread runs.
@@ -36,9 +44,9 @@ def session() -> Session:
 
 def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session.tree, "mains", lambda: [100, 200])
-    session.proc.cpu_pct = {100: 1.0, 200: 95.0}  # a wrapper waiting on the real training
+    session.sources.tree.cpu_pct = {100: 1.0, 200: 95.0}  # a wrapper waiting on the real training
     assert session.focus_pid == 200
-    session.proc.cpu_pct = {100: 60.0, 200: 50.0}  # not 2x busier: keep the choice
+    session.sources.tree.cpu_pct = {100: 60.0, 200: 50.0}  # not 2x busier: keep the choice
     assert session.focus_pid == 200
     monkeypatch.setattr(session.tree, "mains", lambda: [100])  # the chosen one exited
     assert session.focus_pid == 100
@@ -46,7 +54,7 @@ def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, mo
 
 def test_the_rank_chosen_in_the_tui_is_the_focus(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session.tree, "mains", lambda: [100, 101])
-    session.proc.cpu_pct = {100: 1.0, 101: 1.0}
+    session.sources.tree.cpu_pct = {100: 1.0, 101: 1.0}
     session._focus.judged(
         (RankReading(0, 100, 2, 20, 90.0, 9.0, 9.0, 9.0), RankReading(1, 101, 2, 20, 90.0, 9.0, 9.0, 0.0)), None
     )
@@ -77,8 +85,9 @@ class _Focused(FocusedSource):
 def test_py_spy_and_the_hook_are_handed_the_focus_of_each_read(
     session: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert isinstance(session.pyspy, FocusedSource) and isinstance(session.hook, FocusedSource)
-    assert not isinstance(session.proc, FocusedSource) and not isinstance(session.threads, FocusedSource)
+    pyspy, threads = _named(session, "py-spy"), _named(session, "threads")
+    assert isinstance(pyspy, FocusedSource) and isinstance(session.sources.channel, FocusedSource)
+    assert not isinstance(session.sources.tree, FocusedSource) and not isinstance(threads, FocusedSource)
     src, plain = _Focused(), _Ticker("plain", 0.1)
     mains = [200]
     monkeypatch.setattr(session.tree, "mains", lambda: mains)
@@ -121,7 +130,8 @@ def test_no_main_yet(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_feature_blames_its_unavailable_source(session: Session) -> None:
-    session.pyspy.status = SourceStatus.unavailable("py-spy may not read process 1: permission denied", "sudo")
+    pyspy = _named(session, "py-spy")
+    pyspy.status = SourceStatus.unavailable("py-spy may not read process 1: permission denied", "sudo")
     assert (
         session.why_missing("data_wait_share") == "py-spy unavailable: py-spy may not read process 1: permission denied"
     )
@@ -130,16 +140,16 @@ def test_missing_feature_blames_its_unavailable_source(session: Session) -> None
 
 def test_gpm_is_a_source_beside_nvml_and_missing_gpu_features_give_its_reason() -> None:
     s = Session(os.getpid(), load_rules(), SessionOptions(nvml=True))
-    s.nvml = NvmlSource(list, nvml=nvml_replay.ReplayNvml(nvml_replay.load("nvml_a100_no_gpm")))
-    s.sources = [src for src in s.sources if src.name != "nvml"] + [s.nvml]
-    s.store.add(s.nvml.sample(1.0))
+    nvml = NvmlSource(list, nvml=nvml_replay.ReplayNvml(nvml_replay.load("nvml_a100_no_gpm")))
+    s.sources.entries = [(spec, nvml if src.name == "nvml" else src) for spec, src in s.sources.entries]
+    s.store.add(nvml.sample(1.0))
     statuses = s.statuses()
     assert statuses["nvml"].status is Status.OK
     assert statuses["gpm"].status is Status.UNAVAILABLE
     reason = "GPM needs a Hopper or newer GPU (this is NVIDIA A100-SXM4-40GB)"
     assert statuses["gpm"].reason == reason
     assert s.why_missing("gpu_sm_active_mean") == f"gpm unavailable: {reason}"
-    s.nvml.close()
+    nvml.close()
 
 
 def test_gpu_feature_missing_on_a_gpm_gpu_gives_the_samples_reason() -> None:
@@ -188,17 +198,19 @@ def _settle(s: Session) -> None:
 
 
 def test_the_steady_cadence_slows_every_sampler_and_a_wake_restores_them(session: Session) -> None:
-    fast = (session.pyspy.rate, session.pyspy.chunk, session.threads.interval, session.proc.interval)
+    pyspy, threads = _named(session, "py-spy"), _named(session, "threads")
+    proc, hook = session.sources.tree, session.sources.channel
+    fast = (pyspy.rate, pyspy.chunk, threads.interval, proc.interval)
     assert session.pacer.view().mode == "fast"
     _settle(session)
     view = session.pacer.view()
     assert view.mode == "steady" and [c.mode for c in view.changes] == ["steady"]
-    assert session.pyspy.rate < fast[0] and session.pyspy.chunk > fast[1]
-    assert session.threads.interval > fast[2] and session.threads.all_interval > 1.0
-    assert session.proc.interval > fast[3] and session.hook.interval > 0.5
+    assert pyspy.rate < fast[0] and pyspy.chunk > fast[1]
+    assert threads.interval > fast[2] and threads.all_interval > 1.0
+    assert proc.interval > fast[3] and hook.interval > 0.5
     assert session.observe().sampling.mode == "steady"
     session.wake("a key was pressed in the TUI")
-    assert (session.pyspy.rate, session.pyspy.chunk, session.threads.interval, session.proc.interval) == fast
+    assert (pyspy.rate, pyspy.chunk, threads.interval, proc.interval) == fast
     view = session.pacer.view()
     assert view.mode == "fast" and view.returns_to_fast == 1 and view.reason == "a key was pressed in the TUI"
     assert view.steady_s >= 0.0 and [c.mode for c in view.changes] == ["steady", "fast"]
@@ -222,7 +234,7 @@ def test_each_analysis_feeds_the_policy_unless_adaptive_is_off(
 def test_going_fast_wakes_napping_samplers_and_cuts_a_slow_py_spy_chunk_short(session: Session) -> None:
     _settle(session)
     chunk = subprocess.Popen(["sleep", "30"])  # stands for a running steady py-spy chunk
-    session.pyspy._proc = chunk  # type: ignore[assignment]
+    _named(session, "py-spy")._proc = chunk  # type: ignore[assignment]
     napped: list[float] = []
 
     def nap() -> None:
@@ -263,16 +275,16 @@ def test_the_policy_reads_the_verdict_its_finding_the_loop_and_the_tree(
     def read(a: Analysis) -> CadenceReading:
         return session._cadence_reading(a, None, time.monotonic())
 
-    session.hook.status = SourceStatus.ok()
+    session.sources.channel.status = SourceStatus.ok()
     r = read(analysis)
     assert (r.label, r.top_finding, r.confidence) == ("cpu-bound", "loop-cpu", 0.9)
     assert r.step_time_s == 0.25 and r.steps == 40.0 and r.data_wait == 0.3
     assert r.processes == (1, 2) and r.straggler is None and not r.collecting
     # a verdict made before the training steps (importing torch, its hook not stepping yet)
     idle = Verdict("undetermined", 0.3, "No resource is seen limiting the loop.")
-    session.hook.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
+    session.sources.channel.status = SourceStatus(Status.STARTING, "waiting for the training to import torch")
     assert read(Analysis(t=3.0, features={}, verdict=idle)).collecting
-    session.hook.status = SourceStatus.ok()
+    session.sources.channel.status = SourceStatus.ok()
     assert read(Analysis(t=3.0, features={"hook_steps_per_s": 0.0}, verdict=idle)).collecting
     assert not read(Analysis(t=3.0, features={"hook_steps_per_s": 2.0}, verdict=idle)).collecting
 
@@ -281,7 +293,7 @@ def test_the_cadence_waits_until_the_window_is_all_steps(session: Session) -> No
     """A window that reaches back before the training's first step still climbs (its data wait
     share above all): the verdict it gives is collecting, and settles only once a window has
     passed since the first step."""
-    session.hook.status = SourceStatus.ok()
+    session.sources.channel.status = SourceStatus.ok()
     stepping = Analysis(
         t=3.0, features={"hook_steps_per_s": 4.0}, verdict=Verdict("cpu-bound", 0.9, "The loop computes.")
     )

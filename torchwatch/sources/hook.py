@@ -28,7 +28,7 @@ from typing import Any
 from torchwatch import wire
 from torchwatch.model.readings import HookState, SourceStatus, Status
 from torchwatch.model.text import escape
-from torchwatch.sources import FocusedSource
+from torchwatch.sources import FocusedSource, SourceContext, SourceSpec, set_interval
 from torchwatch.sources.proc import catches
 
 NO_HOOK_HINT = "start the training with torchwatch run, or call torchwatch.hook.install() at the top of the script"
@@ -612,3 +612,28 @@ class HookSource(FocusedSource):
         """Nothing to release (files are read, not held open)."""
         with contextlib.suppress(Exception):
             self._readers.clear()
+
+
+def _make(ctx: SourceContext) -> HookSource:
+    opts = ctx.options
+    return HookSource(expected=opts.hook_expected, rank_pids=ctx.tree.mains, boot_note=opts.hook_boot_note)
+
+
+def _pending(src: HookSource) -> str | None:
+    """``"hook"`` while a pre-loaded hook has published nothing yet."""
+    return "hook" if src.expected and src.status.status is Status.STARTING else None
+
+
+# The hook's files: twice a second fast, each second steady; the channel to the training (bursts, trials).
+SPEC = SourceSpec(
+    name="hook",
+    readings=(HookState,),
+    make=_make,
+    ticked=True,
+    words=("hook", "burst"),
+    fast=lambda options: {"interval_s": 0.5},
+    steady=lambda fast, window_s: {"interval_s": max(fast["interval_s"], 1.0)},
+    apply=set_interval,
+    pending=_pending,
+    role="channel",
+)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from torchwatch.model.memory import KillEvent, LimitReading, MemorySample, ProcMemory
 from torchwatch.model.readings import SourceStatus
+from torchwatch.sources import SourceContext, SourceSpec
 
 __all__ = ["MemorySource", "read_kmsg", "read_limit", "read_smaps_rollup"]
 
@@ -318,3 +319,26 @@ class MemorySource:
             with contextlib.suppress(OSError):
                 os.close(self._kmsg)
             self._kmsg = None
+
+
+def _make(ctx: SourceContext) -> MemorySource:
+    def pids() -> list[int]:
+        """The tree's PIDs, the focus process first (its cgroup's limit is the one read)."""
+        all_pids = ctx.tree.pids()
+        focus = ctx.focus()
+        first = focus if focus is not None else ctx.tree.root
+        return [first, *[p for p in all_pids if p != first]]
+
+    return MemorySource(pids, kmsg=ctx.options.kernel_log)
+
+
+# Each second, not paced; read once more after the target exited (a worker's OOM kill is often the
+# last thing before its training exits).
+SPEC = SourceSpec(
+    name="memory",
+    readings=(MemorySample,),
+    make=_make,
+    ticked=True,
+    last_round=True,
+    kernel_log=lambda src: src.reads_kernel_log,
+)

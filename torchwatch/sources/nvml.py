@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchwatch.model.readings import GpuSample, SourceStatus, Status
+from torchwatch.sources import SourceSpec, set_interval
 
 LIBRARY_NOT_FOUND = "NVML library not found (no NVIDIA driver)"
 NO_GPU = "no NVIDIA GPU found"
@@ -443,3 +444,19 @@ class NvmlSource:
                 # already unusable (GPU lost, driver unloaded): nothing to release
                 with contextlib.suppress(self._nvml.NVMLError):
                     self._nvml.nvmlShutdown()
+
+
+# NVML may block in the driver: a thread of its own, each second fast, every 2 s steady; off with
+# --no-nvml. Its GPM status ("gpm") is reported beside its own; once unavailable it never comes back.
+SPEC = SourceSpec(
+    name="nvml",
+    readings=(GpuSample,),
+    make=lambda ctx: NvmlSource(ctx.tree.pids) if ctx.options.nvml else None,
+    ticked=False,
+    words=("nvml",),
+    fast=lambda options: {"interval_s": 1.0},
+    steady=lambda fast, window_s: {"interval_s": max(fast["interval_s"], 2.0)},
+    apply=set_interval,
+    statuses=lambda src: {"gpm": src.gpm_status},
+    final_unavailable=True,
+)

@@ -39,7 +39,7 @@ from torchwatch.model.readings import (
     ThreadSample,
     Wait,
 )
-from torchwatch.sources import container
+from torchwatch.sources import Pace, SourceOptions, SourceSpec, container, set_interval
 from torchwatch.wire import (
     LAUNCHER_MODULES,
     LAUNCHER_SCRIPTS,
@@ -921,3 +921,46 @@ class ThreadStateSource:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _proc_steady(fast: Pace, window_s: float) -> Pace:
+    return {"interval_s": max(fast["interval_s"], 2.0)}
+
+
+def _threads_fast(options: SourceOptions) -> Pace:
+    return {"interval_s": options.thread_interval_s, "all_interval_s": 1.0}
+
+
+def _threads_steady(fast: Pace, window_s: float) -> Pace:
+    return {"interval_s": max(fast["interval_s"], 0.2), "all_interval_s": max(fast["all_interval_s"], 2.0)}
+
+
+def _threads_apply(src: ThreadStateSource, pace: Pace) -> None:
+    src.interval, src.all_interval = pace["interval_s"], pace["all_interval_s"]
+
+
+# psutil: each second fast (its CPU-time counters tick at 100 Hz), every 2 s steady; it reads the
+# tree: its "gone" is the target's exit, its CPU shares pick the focus process.
+SPEC = SourceSpec(
+    name="psutil",
+    readings=(ProcessSample, SystemSample),
+    make=lambda ctx: ProcSource(ctx.tree),
+    ticked=True,
+    words=("psutil", "psi", "diskstats", "vmstat", "cgroup"),
+    fast=lambda options: {"interval_s": 1.0},
+    steady=_proc_steady,
+    apply=set_interval,
+    role="tree",
+)
+# Thread states: the loop's and workers' main threads at the session's rate (10 Hz), 5 Hz steady;
+# every thread each second fast, every 2 s steady.
+THREADS_SPEC = SourceSpec(
+    name="threads",
+    readings=(ThreadSample,),
+    make=lambda ctx: ThreadStateSource(ctx.tree, interval=ctx.options.thread_interval_s),
+    ticked=True,
+    words=("proc",),
+    fast=_threads_fast,
+    steady=_threads_steady,
+    apply=_threads_apply,
+)

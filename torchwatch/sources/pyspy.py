@@ -25,11 +25,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchwatch.model.hang import DumpedThread
 from torchwatch.model.readings import Frame, Role, SourceStatus, StackSample, Status
 from torchwatch.model.text import escape
-from torchwatch.sources import FocusedSource, container
+from torchwatch.sources import FocusedSource, Pace, SourceContext, SourceSpec, container
+
+if TYPE_CHECKING:
+    from torchwatch.sources.proc import ProcessTree
 
 _FRAME_RE = re.compile(r"^(?P<name>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _THREAD_RE = re.compile(r"^thread \((?P<tid>0x[0-9a-fA-F]+|\d+)\)(?:: (?P<name>.*))?$")
@@ -379,3 +383,48 @@ def dump_threads(
         threads = tuple(replace(t, tid=tids[t.tid]) for t in threads if t.tid in tids)
     main = [t for t in threads if t.tid == pid]
     return (*main, *(t for t in threads if t.tid != pid)), None, took
+
+
+def _role_in(tree: ProcessTree) -> Callable[[int], Role]:
+    """The role of a PID in ``tree`` (``other`` when it is not in it)."""
+
+    def role_of(pid: int) -> Role:
+        node = tree.nodes().get(pid)
+        return node.role if node else Role.OTHER
+
+    return role_of
+
+
+def _make(ctx: SourceContext) -> PySpySource:
+    opts = ctx.options
+    return PySpySource(_role_in(ctx.tree), ctx.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s)
+
+
+def _steady(fast: Pace, window_s: float) -> Pace:
+    """A quarter of the fast rate (at least 5 Hz) in chunks of 8 s (at most 0.8 of the window: a
+    chunk and py-spy's start, 0.1-0.5 s, must fit in it); never faster than ``fast``."""
+    rate = int(fast["rate"])
+    return {"rate": min(rate, max(5, rate // 4)), "chunk_s": max(fast["chunk_s"], min(8.0, 0.8 * window_s))}
+
+
+def _apply(src: PySpySource, pace: Pace) -> None:
+    """Set the rate and chunk; going faster, cut a slow chunk short, so the fast readings start now."""
+    faster = int(pace["rate"]) > src.rate
+    src.rate, src.chunk = int(pace["rate"]), pace["chunk_s"]
+    if faster:
+        src.cut_short()
+
+
+# py-spy blocks for a chunk: a thread of its own. Its "rate" (Hz) and "chunk_s" (s) are paced.
+SPEC = SourceSpec(
+    name="py-spy",
+    readings=(StackSample,),
+    make=_make,
+    ticked=False,
+    words=("py-spy",),
+    fast=lambda options: {"rate": options.pyspy_rate, "chunk_s": options.pyspy_chunk_s},
+    steady=_steady,
+    apply=_apply,
+    helper_cpu_s=lambda src: src.cpu_s,
+    pending=lambda src: "stacks" if src.status.status is Status.STARTING else None,
+)

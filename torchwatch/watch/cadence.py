@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.model.observation import SamplingChange, SamplingView
 from torchwatch.model.readings import HookState, Role, Status
+from torchwatch.sources import Pace
+from torchwatch.sources.registry import SOURCES
+from torchwatch.watch.options import SessionOptions
 
 FAST = "fast"
 STEADY = "steady"
@@ -100,51 +103,40 @@ class Cadence:
 
     Attributes:
         mode: ``fast`` or ``steady``.
-        pyspy_rate: py-spy samples per second per thread. pyspy_chunk_s: seconds per py-spy run.
-        thread_interval_s: seconds between two reads of the loop's and workers' main threads.
-        all_threads_interval_s: seconds between two reads of every thread (the Processes panel's
-            state letters; the features read main threads only).
-        proc_interval_s: seconds between two psutil rounds (CPU, RSS, the tree's processes).
-        hook_interval_s: seconds between two reads of the hook's files.
-        nvml_interval_s: seconds between two NVML samples.
+        paces: ``{source name: its pace}`` for every paced source of
+            :data:`~torchwatch.sources.registry.SOURCES` (a :data:`~torchwatch.sources.Pace`: its
+            own knobs, e.g. ``{"interval_s": 1.0}``: seconds between two reads).
         analysis_interval_s: seconds between two evaluations of the rules (and Observations).
     """
 
     mode: str
-    pyspy_rate: int
-    pyspy_chunk_s: float
-    thread_interval_s: float
-    all_threads_interval_s: float
-    proc_interval_s: float
-    hook_interval_s: float
-    nvml_interval_s: float
+    paces: Mapping[str, Pace]
     analysis_interval_s: float = 1.0
 
+    def pace(self, source: str) -> Pace:
+        """The pace of the source named ``source`` (``KeyError``: not paced)."""
+        return self.paces[source]
 
-def fast_cadence(
-    pyspy_rate: int = 20, pyspy_chunk_s: float = 3.0, thread_interval_s: float = 0.1, analysis_interval_s: float = 1.0
-) -> Cadence:
-    """Today's rates (the session's options): every reading as often as the first verdict needs."""
-    return Cadence(FAST, pyspy_rate, pyspy_chunk_s, thread_interval_s, 1.0, 1.0, 0.5, 1.0, analysis_interval_s)
+
+def fast_cadence(options: SessionOptions | None = None) -> Cadence:
+    """The rates of the session's ``options`` (default :class:`SessionOptions`): every reading as
+    often as the first verdict needs (each source's fast pace, :attr:`SourceSpec.fast`)."""
+    opts = options or SessionOptions()
+    paces = {spec.name: spec.fast(opts) for spec in SOURCES if spec.fast is not None}
+    return Cadence(FAST, paces, opts.analysis_interval_s)
 
 
 def steady_cadence(fast: Cadence, window_s: float = 10.0) -> Cadence:
-    """The settled cadence: py-spy at a quarter of the fast rate (at least 5 Hz) in chunks of 8 s
-    (at most 0.8 of the verdict's ``window_s``: a chunk and py-spy's start, 0.1-0.5 s, must fit in
-    a window, whose stacks all come stamped at a chunk's end), thread states at 5 Hz (every thread
-    every 2 s), psutil every 2 s, the hook every second, NVML and the rules every 2 s; never faster
-    than ``fast``."""
-    return Cadence(
-        STEADY,
-        pyspy_rate=min(fast.pyspy_rate, max(5, fast.pyspy_rate // 4)),
-        pyspy_chunk_s=max(fast.pyspy_chunk_s, min(8.0, 0.8 * window_s)),
-        thread_interval_s=max(fast.thread_interval_s, 0.2),
-        all_threads_interval_s=max(fast.all_threads_interval_s, 2.0),
-        proc_interval_s=max(fast.proc_interval_s, 2.0),
-        hook_interval_s=max(fast.hook_interval_s, 1.0),
-        nvml_interval_s=max(fast.nvml_interval_s, 2.0),
-        analysis_interval_s=max(fast.analysis_interval_s, 2.0),
-    )
+    """The settled cadence: each source's steady pace of its fast one (:attr:`SourceSpec.steady`;
+    py-spy at a quarter of the fast rate, at least 5 Hz, in chunks of 8 s, at most 0.8 of the
+    verdict's ``window_s``; thread states at 5 Hz, every thread every 2 s; psutil every 2 s, the
+    hook every second, NVML every 2 s) and the rules every 2 s; never faster than ``fast``."""
+    paces = {
+        spec.name: spec.steady(fast.paces[spec.name], window_s)
+        for spec in SOURCES
+        if spec.steady is not None and spec.name in fast.paces
+    }
+    return Cadence(STEADY, paces, max(fast.analysis_interval_s, 2.0))
 
 
 @dataclass(frozen=True)
@@ -375,7 +367,7 @@ class Pacer:
 
     Args:
         policy: decides the cadence; its current one is applied at once.
-        apply: sets every source's rates to a cadence (the session's wiring); called outside any
+        apply: sets every source's pace to a cadence's (the session's wiring); called outside any
             lock, before the napping samplers are woken, so they wake to the new rates.
         started: when watching started, monotonic s (the changes are stamped from it).
         adaptive: ``False``: the fast cadence throughout; readings and wakes change nothing.

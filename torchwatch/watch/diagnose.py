@@ -20,6 +20,7 @@ from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import Store, Window
 from torchwatch.model.readings import GpuSample, HookState, SourceStatus, Status
 from torchwatch.sources.hook import OTHER_RANKS_EVERY
+from torchwatch.sources.registry import feature_sources
 from torchwatch.watch.observe import device_memory
 from torchwatch.wire import RankInfo
 
@@ -111,7 +112,8 @@ class JobDiagnoser:
 
 
 def why_missing(feature: str, statuses: Mapping[str, SourceStatus], store: Store, focus: int | None) -> str:
-    """Why ``feature`` has no value, one line: its source's status when unavailable, the reason
+    """Why ``feature`` has no value, one line: its source's status when unavailable (the source
+    whose :attr:`~torchwatch.sources.SourceSpec.words` hold the feature's source word), the reason
     its last reading gives, no training process yet, or what the window lacks.
 
     Args:
@@ -123,19 +125,7 @@ def why_missing(feature: str, statuses: Mapping[str, SourceStatus], store: Store
     spec = feats.CATALOGUE.get(feature)
     if spec is None:
         return "unknown feature"
-    by_source = {
-        "py-spy": "py-spy",
-        "proc": "threads",
-        "psutil": "psutil",
-        "psi": "psutil",
-        "diskstats": "psutil",
-        "vmstat": "psutil",
-        "nvml": "nvml",
-        "gpm": "gpm",
-        "hook": "hook",
-        "burst": "hook",
-        "cgroup": "psutil",
-    }
+    by_source = feature_sources()  # each source's words (its SourceSpec); another word names a status
     names = [by_source.get(part, part) for part in spec.source.split("+")]
     for name in names:
         st = statuses.get(name)

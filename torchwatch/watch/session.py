@@ -22,25 +22,21 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from torchwatch.analysis import progress
 from torchwatch.analysis.diagnosis import Analysis
 from torchwatch.analysis.rules_engine import Rule
-from torchwatch.analysis.store import KEEP_S, Store
+from torchwatch.analysis.store import Store
 from torchwatch.model import files
 from torchwatch.model.errors import TorchwatchError
 from torchwatch.model.observation import ChildProcess, Observation, SelfUsage, TargetView, VerdictChange
-from torchwatch.model.readings import HookState, Role, SourceStatus, Status
+from torchwatch.model.readings import HookState, SourceStatus, Status
 from torchwatch.model.trials import Outcome
-from torchwatch.sources import FocusedSource, Source
-from torchwatch.sources.hook import HookSource
-from torchwatch.sources.memory import MemorySource
-from torchwatch.sources.nvml import NvmlSource
-from torchwatch.sources.proc import ProcessTree, ProcSource, ThreadStateSource
-from torchwatch.sources.pyspy import PySpySource
+from torchwatch.sources import AnySource, FocusedSource, SourceContext
+from torchwatch.sources.proc import ProcessTree
+from torchwatch.sources.registry import SourceSet
 from torchwatch.watch.cadence import (
     Cadence,
     CadencePolicy,
@@ -56,54 +52,15 @@ from torchwatch.watch.focus import FocusPolicy
 from torchwatch.watch.hang import HangRecorder
 from torchwatch.watch.memwatch import MemoryWatch
 from torchwatch.watch.observe import Tick, Trends, observe, target_view
+from torchwatch.watch.options import WINDOW_MAX_S, WINDOW_MIN_S, SessionOptions
 from torchwatch.watch.roles import RoleProbe
 from torchwatch.wire import BurstRequest
+
+__all__ = ["HANG_JOIN_S", "TICK_SLACK_S", "WINDOW_MAX_S", "WINDOW_MIN_S", "Session", "SessionOptions"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SessionOptions:
-    """Tunables of a session.
-
-    Attributes:
-        window_s: seconds of readings each verdict is computed over.
-        analysis_interval_s: seconds between two evaluations of the rules.
-        pyspy_rate: py-spy samples per second per thread.
-        pyspy_chunk_s: seconds per py-spy recording.
-        thread_interval_s: seconds between two rounds of thread-state sampling.
-        nvml: whether to read GPUs through NVML at all.
-        trace_path: append every analysis (features, findings, verdict) to this file as JSON lines.
-        hook_expected: the training was started with the hook pre-loaded (``torchwatch run``).
-        hook_boot_note: the file where the pre-loading boot says why the hook could not be loaded
-            (:func:`torchwatch.watch.lifecycle.hook_env`); ``None``: none.
-        hang_after: seconds without a step that count as a hang (``--hang-after``); ``None``:
-            ``max(30 s, 20 x p95 step)`` per process (:mod:`torchwatch.analysis.hang`).
-        adaptive: drop to the steady cadence once the verdict settles
-            (:mod:`torchwatch.watch.cadence`); ``False`` samples at the rates above throughout.
-        kernel_log: read the kernel's OOM-kill lines from ``/dev/kmsg`` (root; tests that must
-            not see the host's kills turn it off).
-    """
-
-    window_s: float = 10.0
-    analysis_interval_s: float = 1.0
-    pyspy_rate: int = 20
-    pyspy_chunk_s: float = 3.0
-    thread_interval_s: float = 0.1
-    nvml: bool = True
-    trace_path: Path | None = None
-    hook_expected: bool = False
-    hook_boot_note: Path | None = None
-    hang_after: float | None = None
-    adaptive: bool = True
-    kernel_log: bool = True
-
-
-# The bounds of --window. py-spy's stack samples arrive a chunk at a time, all stamped at the
-# chunk's end: a window shorter than a chunk may hold none and flip between a label and
-# "undetermined". A window longer than the store keeps would silently be cut to what it holds.
-WINDOW_MIN_S = SessionOptions.pyspy_chunk_s
-WINDOW_MAX_S = KEEP_S
 # A tick's sources count as due this early: a timed wait may end a little before its deadline.
 TICK_SLACK_S = 0.002
 HANG_JOIN_S = 20.0  # the report waits this long for a thread dump in flight (py-spy's timeout is 10 s a process)
@@ -149,20 +106,13 @@ class Session:
         self._errors_seen: set[str] = set()
         self._trace_file: TextIO | None = None  # --trace, opened at the first analysis
         self._focus = FocusPolicy()
-        self.proc = ProcSource(self.tree)
-        self.threads = ThreadStateSource(self.tree, interval=opts.thread_interval_s)
-        self.pyspy = PySpySource(self._role_of, self.tree.root_alive, rate=opts.pyspy_rate, chunk=opts.pyspy_chunk_s)
-        self.hook = HookSource(expected=opts.hook_expected, rank_pids=self.tree.mains, boot_note=opts.hook_boot_note)
-        self.nvml = NvmlSource(self.tree.pids) if opts.nvml else None
-        self.memory = MemorySource(self._memory_pids, kmsg=opts.kernel_log)
-        self.memwatch = MemoryWatch(kernel_log=self.memory.reads_kernel_log)
-        self.sources: list[Source | FocusedSource] = [self.proc, self.threads, self.pyspy, self.hook, self.memory]
-        if self.nvml is not None:
-            self.sources.append(self.nvml)
+        # every source of SOURCES (torchwatch.sources.registry) these options turn on
+        self.sources = SourceSet(SourceContext(self.tree, opts, lambda: self.focus_pid))
+        self.memwatch = MemoryWatch(kernel_log=self.sources.reads_kernel_log())
         self.judge = JobDiagnoser(rules, self.why_missing)
         self.hang = HangRecorder(self.tree, self.started, opts.hang_after)
         self.roles = RoleProbe(self.tree)
-        fast = fast_cadence(opts.pyspy_rate, opts.pyspy_chunk_s, opts.thread_interval_s, opts.analysis_interval_s)
+        fast = fast_cadence(opts)
         policy = CadencePolicy(fast, steady_cadence(fast, opts.window_s))
         self.pacer = Pacer(policy, self._apply, self.started, adaptive=opts.adaptive)
 
@@ -171,33 +121,19 @@ class Session:
     def focus_pid(self) -> int | None:
         """PID of the training process diagnosed and shown now (:class:`FocusPolicy`), ``None``
         while the tree has none."""
-        return self._focus.focus(self.tree.mains(), self.proc.cpu_pct)
+        return self._focus.focus(self.tree.mains(), self.sources.tree.cpu_pct)
 
     def choose_rank(self, rank: int | None) -> None:
         """Show ``rank`` in the panels (and diagnose it with py-spy's stacks) from the next
         analysis; ``None``: the straggler when there is one, else the lowest rank."""
         self._focus.choose_rank(rank)
 
-    def _memory_pids(self) -> list[int]:
-        """The tree's PIDs for the memory source, the focus process first (its cgroup's limit is
-        the one read)."""
-        pids = self.tree.pids()
-        focus = self.focus_pid
-        first = focus if focus is not None else self.tree.root
-        return [first, *[p for p in pids if p != first]]
-
-    def _role_of(self, pid: int) -> Role:
-        node = self.tree.nodes().get(pid)
-        return node.role if node else Role.OTHER
-
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the sampling threads: one that ticks (the quick readers, then the rules), and one
         for each source that blocks (py-spy for a chunk, NVML in the driver)."""
-        ticked = [src for src in self.sources if src in (self.proc, self.threads, self.hook, self.memory)]
-        for src in self.sources:
-            if src in ticked:
-                continue
+        ticked = self.sources.ticked()
+        for src in self.sources.threaded():
             t = threading.Thread(target=self._sample_loop, args=(src,), name=f"torchwatch-{src.name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -211,7 +147,7 @@ class Session:
         self._stop.set()
         self.pacer.interrupt()
         self._memory_last_round()  # before the kernel log is closed with its source
-        for src in self.sources:
+        for src in self.sources.all:
             try:
                 src.close()
             except Exception:  # a source failing to close must not block the exit
@@ -225,15 +161,13 @@ class Session:
     @property
     def target_gone(self) -> bool:
         """Whether the watched root process has exited."""
-        return self.proc.status.status is Status.GONE
+        return self.sources.tree.status.status is Status.GONE
 
     def statuses(self) -> dict[str, SourceStatus]:
-        """``{source name: status}`` for the report and the TUI; ``gpm`` (GPU Performance Monitoring,
-        read by the NVML source) beside ``nvml``, so that "why is SM activity n/a" is said once."""
-        out = {src.name: src.status for src in self.sources}
-        if self.nvml is not None:
-            out["gpm"] = self.nvml.gpm_status
-        return out
+        """``{source name: status}`` for the report and the TUI, in :data:`SOURCES`'s order, each
+        source's own followed by those it reports beside it (``gpm``, GPU Performance Monitoring,
+        beside NVML's status, so that "why is SM activity n/a" is said once)."""
+        return self.sources.statuses()
 
     def own_usage(self) -> SelfUsage:
         """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
@@ -241,29 +175,25 @@ class Session:
         me = resource.getrusage(resource.RUSAGE_SELF)
         own = me.ru_utime + me.ru_stime
         wall = max(1e-9, (self.ended_at or time.monotonic()) - self.started)
-        return SelfUsage(
-            torchwatch_cpu_s=round(own, 3),
-            pyspy_cpu_s=round(self.pyspy.cpu_s, 3),
-            wall_s=round(wall, 2),
-            cpu_pct_of_core=round(100 * (own + self.pyspy.cpu_s) / wall, 2),
-            max_rss_bytes=me.ru_maxrss * 1024,
-        )
+        helpers = self.sources.helper_cpu_s()  # the sources' helper processes (py-spy's runs)
+        cpu_pct = round(100 * (own + helpers) / wall, 2)
+        return SelfUsage(round(own, 3), round(helpers, 3), round(wall, 2), cpu_pct, me.ru_maxrss * 1024)
 
     def why_missing(self, feature: str) -> str:
         """Why ``feature`` has no value (one line; :func:`torchwatch.watch.diagnose.why_missing`)."""
         return why_missing(feature, self.statuses(), self.store, self.focus_pid)
 
     # -- the sampler threads --------------------------------------------------------------------
-    def _sample_loop(self, src: Source | FocusedSource) -> None:
+    def _sample_loop(self, src: AnySource) -> None:
         """A source on a thread of its own: sample, then sleep to its next tick."""
         while not self._stop.is_set():
             if not self._sample(src) or self.ended_at is not None:
                 return
-            if src is self.nvml and src.status.status is Status.UNAVAILABLE:
-                return  # NVML never comes back once unavailable (sample() gives [] for ever)
+            if self.sources.spec(src).final_unavailable and src.status.status is Status.UNAVAILABLE:
+                return  # it never comes back once unavailable (NVML: sample() gives [] for ever)
             self._sleep(until_tick(time.monotonic(), src.interval))
 
-    def _tick_loop(self, sources: Sequence[Source | FocusedSource]) -> None:
+    def _tick_loop(self, sources: Sequence[AnySource]) -> None:
         """The quick readers (psutil, thread states, the hook's files) and the rules on one
         thread: each tick of the grid (:func:`until_tick`) reads the sources due, then evaluates
         the rules when they are due, then sleeps to the next tick of any of them.
@@ -296,14 +226,14 @@ class Session:
                 analysis_due = t + self.until_analysis(t)
             self._sleep(max(0.0, min([analysis_due, *due.values()]) - time.monotonic()))
 
-    def read(self, src: Source | FocusedSource, now: float) -> Sequence[object]:
+    def read(self, src: AnySource, now: float) -> Sequence[object]:
         """One reading of ``src`` stamped ``now`` (monotonic s); py-spy and the hook read the
         focus process of this moment (:attr:`focus_pid`). Raises what the source raises."""
         if isinstance(src, FocusedSource):
             return src.sample(now, self.focus_pid)
         return src.sample(now)
 
-    def _sample(self, src: Source | FocusedSource) -> bool:
+    def _sample(self, src: AnySource) -> bool:
         """One reading of ``src`` into the store; ``False`` when the source failed and stops
         (the others keep running)."""
         try:
@@ -315,10 +245,9 @@ class Session:
             )
             return False
         self.store.add(readings)
-        if src is self.hook:
-            self._mark_spawned(readings)
-            self.hang.feed(readings)
-        if src is self.proc and src.status.status is Status.GONE and self.ended_at is None:
+        self._mark_spawned(readings)  # both read the hook's readings (HookState) only
+        self.hang.feed(readings)
+        if src is self.sources.tree and src.status.status is Status.GONE and self.ended_at is None:
             self.ended_at = time.monotonic()
         return True
 
@@ -377,14 +306,15 @@ class Session:
             extra.update(progress.features(hook_readings, focus_now, end))
         except Exception as exc:  # the loss's health must not cost the tick its verdict
             self._log_analysis_error(exc)
+        pending = self.sources.pending()  # what the sources still wait for (SourceSpec.pending)
         analysis = self.judge.evaluate(
             self.store.window(end - self.options.window_s, end),
             focus_now,
             now,
             extra=extra,
             extra_texts=self.memwatch.texts(),
-            hook_pending=self.hook.expected and self.hook.status.status is Status.STARTING,
-            stacks_pending=self.pyspy.status.status is Status.STARTING,
+            hook_pending="hook" in pending,
+            stacks_pending="stacks" in pending,
         )
         self._focus.judged(analysis.ranks, analysis.straggler.pid if analysis.straggler is not None else None)
         with self._lock:
@@ -438,22 +368,15 @@ class Session:
             window_s=self.options.window_s,
             roles=[n.role for n in self.tree.nodes().values()],
             focus_hook=reading,
-            hook_status=self.hook.status.status,
+            hook_status=self.sources.channel.status.status,
             now=now,
         )
 
     def _apply(self, c: Cadence) -> None:
-        """Set every source's rates to ``c`` (the :class:`Pacer` then wakes the samplers); going
-        fast, cut a slow py-spy chunk short, so the fast readings start now, not after the chunk."""
-        slower = c.pyspy_rate > self.pyspy.rate
-        self.pyspy.rate, self.pyspy.chunk = c.pyspy_rate, c.pyspy_chunk_s
-        self.threads.interval, self.threads.all_interval = c.thread_interval_s, c.all_threads_interval_s
-        self.proc.interval = c.proc_interval_s
-        self.hook.interval = c.hook_interval_s
-        if self.nvml is not None:
-            self.nvml.interval = c.nvml_interval_s
-        if slower:
-            self.pyspy.cut_short()
+        """Set every paced source's pace to ``c``'s (each by its :attr:`SourceSpec.apply`; going
+        fast, py-spy cuts a slow chunk short, so the fast readings start now, not after the chunk);
+        the :class:`Pacer` then wakes the samplers."""
+        self.sources.apply(c.paces)
 
     def wake(self, why: str) -> None:
         """Back to the fast cadence now: something the readings cannot show happened (a key
@@ -519,7 +442,8 @@ class Session:
         record); never raises."""
         now = time.monotonic()
         try:
-            self.store.add(self.memory.sample(now))
+            for src in self.sources.last_round():
+                self.store.add(self.read(src, now))
             self.memwatch.update(self.store, now, self.focus_pid)
             self.memwatch.finish(self.store, now)
         except Exception as exc:
@@ -553,7 +477,7 @@ class Session:
             statuses=tuple(self.statuses().items()),
             focus_pid=focus,
             target=target,
-            hook_status=self.hook.status,
+            hook_status=self.sources.channel.status,
             burst_possible=possible,
             history=history,
             own_usage=self.own_usage(),
@@ -566,7 +490,7 @@ class Session:
     # -- bursts and trials --------------------------------------------------------------------------
     def _burst_possible(self, focus: int | None) -> tuple[bool, str]:
         """Whether a profiler burst of ``focus`` can be asked for now; if not, why (one line)."""
-        reader = self.hook.reader(focus)
+        reader = self.sources.channel.reader(focus)
         if reader is None:
             return False, "no training process found yet"
         if self.target_gone:
@@ -577,7 +501,7 @@ class Session:
         """Ask the focus process's hook for a profiler burst (non-blocking; see
         :meth:`HookReader.request_burst`); the samplers go back to the fast cadence to watch it."""
         self.wake("a profiler burst was asked for")
-        reader = self.hook.reader(self.focus_pid)
+        reader = self.sources.channel.reader(self.focus_pid)
         if reader is None:
             return False, "no training process found yet"
         return reader.request_burst(params)
@@ -594,7 +518,7 @@ class Session:
         from torchwatch.watch.trials import plan_trial, readers_for, run_trial
 
         self.wake(f"a live trial of {assignment} was asked for")
-        reader = self.hook.reader(self.focus_pid)
+        reader = self.sources.channel.reader(self.focus_pid)
         if reader is None:
             raise TorchwatchError("no training process found yet", "wait for the training's first steps")
         readers = readers_for(reader.pid)
