@@ -65,7 +65,7 @@ def sampler_cost(name: str, opts: SessionOptions, seconds: float, pid: int, inte
             stop.wait(max(0.0, src.interval - (time.monotonic() - t0)))
 
     if name == "threads":
-        s.sources.tree.sample(time.monotonic())  # roles and tree, as the session would have them
+        s.sources.tree_source.sample(time.monotonic())  # roles and tree, as the session would have them
     c0, p0, t0 = _cpu_s(), s.sources.helper_cpu_s(), time.monotonic()
     th = threading.Thread(target=loop, daemon=True)
     th.start()

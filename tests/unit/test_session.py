@@ -44,9 +44,9 @@ def session() -> Session:
 
 def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session.tree, "mains", lambda: [100, 200])
-    session.sources.tree.cpu_pct = {100: 1.0, 200: 95.0}  # a wrapper waiting on the real training
+    session.sources.tree_source.cpu_pct = {100: 1.0, 200: 95.0}  # a wrapper waiting on the real training
     assert session.focus_pid == 200
-    session.sources.tree.cpu_pct = {100: 60.0, 200: 50.0}  # not 2x busier: keep the choice
+    session.sources.tree_source.cpu_pct = {100: 60.0, 200: 50.0}  # not 2x busier: keep the choice
     assert session.focus_pid == 200
     monkeypatch.setattr(session.tree, "mains", lambda: [100])  # the chosen one exited
     assert session.focus_pid == 100
@@ -54,7 +54,7 @@ def test_busiest_main_is_diagnosed_and_the_choice_is_sticky(session: Session, mo
 
 def test_the_rank_chosen_in_the_tui_is_the_focus(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session.tree, "mains", lambda: [100, 101])
-    session.sources.tree.cpu_pct = {100: 1.0, 101: 1.0}
+    session.sources.tree_source.cpu_pct = {100: 1.0, 101: 1.0}
     session._focus.judged(
         (RankReading(0, 100, 2, 20, 90.0, 9.0, 9.0, 9.0), RankReading(1, 101, 2, 20, 90.0, 9.0, 9.0, 0.0)), None
     )
@@ -87,7 +87,7 @@ def test_py_spy_and_the_hook_are_handed_the_focus_of_each_read(
 ) -> None:
     pyspy, threads = _named(session, "py-spy"), _named(session, "threads")
     assert isinstance(pyspy, FocusedSource) and isinstance(session.sources.channel, FocusedSource)
-    assert not isinstance(session.sources.tree, FocusedSource) and not isinstance(threads, FocusedSource)
+    assert not isinstance(session.sources.tree_source, FocusedSource) and not isinstance(threads, FocusedSource)
     src, plain = _Focused(), _Ticker("plain", 0.1)
     mains = [200]
     monkeypatch.setattr(session.tree, "mains", lambda: mains)
@@ -199,7 +199,7 @@ def _settle(s: Session) -> None:
 
 def test_the_steady_cadence_slows_every_sampler_and_a_wake_restores_them(session: Session) -> None:
     pyspy, threads = _named(session, "py-spy"), _named(session, "threads")
-    proc, hook = session.sources.tree, session.sources.channel
+    proc, hook = session.sources.tree_source, session.sources.channel
     fast = (pyspy.rate, pyspy.chunk, threads.interval, proc.interval)
     assert session.pacer.view().mode == "fast"
     _settle(session)

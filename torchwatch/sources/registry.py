@@ -36,7 +36,7 @@ class SourceSet:
 
     Attributes:
         entries: ``(spec, source)`` of each source built.
-        tree: the source that reads the watched tree (spec role ``"tree"``): its ``cpu_pct``
+        tree_source: the source that reads the watched tree (spec role ``"tree"``): its ``cpu_pct``
             (``{pid: % of one core}``) picks the focus, its ``gone`` status is the target's exit.
         channel: the source that reads the training's hook (spec role ``"channel"``): its
             ``reader(pid)`` asks for bursts and trials, its ``status`` and ``expected`` say whether
@@ -49,7 +49,7 @@ class SourceSet:
             src = spec.make(ctx)
             if src is not None:
                 self.entries.append((spec, src))
-        self.tree: proc.ProcSource = self._role("tree", proc.ProcSource)
+        self.tree_source: proc.ProcSource = self._role("tree", proc.ProcSource)
         self.channel: hook.HookSource = self._role("channel", hook.HookSource)
 
     def _role(self, role: str, kind: type[_T]) -> _T:

@@ -121,7 +121,7 @@ class Session:
     def focus_pid(self) -> int | None:
         """PID of the training process diagnosed and shown now (:class:`FocusPolicy`), ``None``
         while the tree has none."""
-        return self._focus.focus(self.tree.mains(), self.sources.tree.cpu_pct)
+        return self._focus.focus(self.tree.mains(), self.sources.tree_source.cpu_pct)
 
     def choose_rank(self, rank: int | None) -> None:
         """Show ``rank`` in the panels (and diagnose it with py-spy's stacks) from the next
@@ -161,7 +161,7 @@ class Session:
     @property
     def target_gone(self) -> bool:
         """Whether the watched root process has exited."""
-        return self.sources.tree.status.status is Status.GONE
+        return self.sources.tree_source.status.status is Status.GONE
 
     def statuses(self) -> dict[str, SourceStatus]:
         """``{source name: status}`` for the report and the TUI, in :data:`SOURCES`'s order, each
@@ -247,7 +247,7 @@ class Session:
         self.store.add(readings)
         self._mark_spawned(readings)  # both read the hook's readings (HookState) only
         self.hang.feed(readings)
-        if src is self.sources.tree and src.status.status is Status.GONE and self.ended_at is None:
+        if src is self.sources.tree_source and src.status.status is Status.GONE and self.ended_at is None:
             self.ended_at = time.monotonic()
         return True
 
