@@ -321,6 +321,12 @@ class StackSample:
     count: int
 
 
+OTHER_RANKS_EVERY = 2
+"""Rounds of the hook source between two reads of a rank that is not the focus (the focus is read
+every round): at the default 0.5 s a round, the others once a second. The job's diagnosis re-analyses
+those ranks at the same pace (:class:`torchwatch.watch.diagnose.JobDiagnoser`)."""
+
+
 @dataclass(frozen=True)
 class HookState:
     """One read of what the in-process hook published (:mod:`torchwatch.wire.files`).

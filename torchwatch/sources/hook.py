@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from torchwatch import wire
-from torchwatch.model.readings import HookState, SourceStatus, Status
+from torchwatch.model.readings import OTHER_RANKS_EVERY, HookState, SourceStatus, Status
 from torchwatch.model.text import escape
 from torchwatch.sources import FocusedSource, SourceContext, SourceSpec, set_interval
 from torchwatch.sources.proc import catches
@@ -489,9 +489,6 @@ def send_burst_signal(pid: int, expect: wire.Instance, signum: int) -> tuple[boo
     finally:
         if pidfd is not None:
             os.close(pidfd)
-
-
-OTHER_RANKS_EVERY = 2  # rounds: the ranks not shown are read once a second at the default 0.5 s
 
 
 class HookSource(FocusedSource):

@@ -18,8 +18,7 @@ from torchwatch.analysis import ranks, startup
 from torchwatch.analysis.diagnosis import Analysis, Diagnoser
 from torchwatch.analysis.rules_engine import Rule
 from torchwatch.analysis.store import Store, Window
-from torchwatch.model.readings import GpuSample, HookState, SourceStatus, Status
-from torchwatch.sources.hook import OTHER_RANKS_EVERY
+from torchwatch.model.readings import OTHER_RANKS_EVERY, GpuSample, HookState, SourceStatus, Status
 from torchwatch.sources.registry import feature_sources
 from torchwatch.watch.observe import device_memory
 from torchwatch.wire import RankInfo
