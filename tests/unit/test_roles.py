@@ -156,6 +156,24 @@ def test_the_probe_makes_a_training_child_a_trainer(forked_pair: ProcessTree) ->
     assert tree.mains() == [tree.root, child.pid]
 
 
+def test_a_dump_that_fails_once_is_asked_again_and_the_trainer_found(forked_pair: ProcessTree) -> None:
+    """py-spy's non-blocking dump of a trainer still importing torch can fail once ("Failed to get
+    stack traces"): the next round reads it, and it is a trainer, not a worker by its command line."""
+    tree = forked_pair
+    (child,) = [n for n in tree.nodes().values() if n.pid != tree.root]
+    now = [0.0]
+    answers: list[tuple[tuple[DumpedThread, ...], str | None, float]] = [
+        ((), "py-spy failed: Error: Failed to get stack traces", 0.01),
+        ((TRAINER_FORWARD,), None, 0.01),
+    ]
+    probe = RoleProbe(tree, dump=lambda pid: answers.pop(0), clock=lambda: now[0])
+    assert probe.round() == 0
+    now[0] += role_probe.PROBE_EVERY_S
+    assert probe.round() == 1
+    tree.refresh()
+    assert tree.nodes()[child.pid].role is Role.MAIN and tree.undecided() == []
+
+
 def test_the_probe_leaves_a_child_that_never_shows_steps_to_its_command_line(forked_pair: ProcessTree) -> None:
     tree = forked_pair
     now = [0.0]
@@ -171,15 +189,15 @@ def test_the_probe_leaves_a_child_that_never_shows_steps_to_its_command_line(for
         now[0] += role_probe.PROBE_EVERY_S
     assert max(asked) <= role_probe.GIVE_UP_S
     assert all(n.role is not Role.MAIN for n in tree.nodes().values() if n.pid != tree.root)
-    # py-spy cannot read a child: it is asked once, then left to its command line
+    # py-spy cannot read a child: it is asked DUMP_ATTEMPTS times, then left to its command line
     failing: list[int] = []
     probe3 = RoleProbe(
         tree, dump=lambda pid: (failing.append(pid), ((), "permission denied", 0.0))[1], clock=lambda: now[0]
     )
-    for _ in range(3):
+    for _ in range(role_probe.DUMP_ATTEMPTS + 3):
         probe3.round()
         now[0] += role_probe.PROBE_EVERY_S
-    assert len(failing) == 1
+    assert len(failing) == role_probe.DUMP_ATTEMPTS
     # a real worker is decided as one, and never asked again
     probe2 = RoleProbe(tree, dump=lambda pid: ((WORKER_WAITING,), None, 0.01), clock=lambda: 0.0)
     assert probe2.round() == 1

@@ -10,7 +10,7 @@ the process is not paused) and hands what they show to the tree
 forward, backward or optimizer step a trainer (:func:`torchwatch.analysis.roles.classify`). A
 child that shows neither yet (a spawned trainer imports torch for seconds, 80 s with 4 at once on
 this loaded 2-core machine) is asked again every :data:`PROBE_EVERY_S` for :data:`GIVE_UP_S`;
-after that its command line decides (worker), as at once when py-spy cannot read it.
+after that its command line decides (worker), as after :data:`DUMP_ATTEMPTS` dumps py-spy could not read.
 
 Cost: one dump per child, 0.01-0.03 s of py-spy per process on the 2-core test machine (see
 :func:`~torchwatch.sources.pyspy.dump_threads`), at most :data:`DUMPS_PER_ROUND` per round.
@@ -37,6 +37,12 @@ GIVE_UP_S = 180.0
 DUMPS_PER_ROUND = 8
 """Dumps at most per round (8 ranks of 8 workers are decided within 16 s)."""
 DUMP_TIMEOUT_S = 3.0
+DUMP_ATTEMPTS = 3
+"""Dumps of one child that fail (py-spy reads nothing) before its command line decides. One is not
+enough: ``py-spy dump --nonblocking`` of a spawned trainer still importing torch failed once in ~8
+runs of tests/scenarios/hogwild_spawn.py ("Failed to get stack traces") and read it the next time;
+left to its command line, that trainer was a DataLoader worker for the whole run (dataloader-bound
+at 0.63 instead of cpu-bound). A child py-spy can never read costs 3 dumps, 0.01-0.03 s each."""
 
 Dumper = Callable[[int], tuple[tuple[DumpedThread, ...], str | None, float]]
 
@@ -60,6 +66,7 @@ class RoleProbe:
         self._clock = clock
         self._first: dict[tuple[int, float], float] = {}  # (pid, create time) -> first dump
         self._last: dict[tuple[int, float], float] = {}
+        self._failed: dict[tuple[int, float], int] = {}  # (pid, create time) -> dumps that failed
         self.dumps = 0
         self._thread: threading.Thread | None = None
 
@@ -85,10 +92,16 @@ class RoleProbe:
                 continue
             self.dumps += 1
             if error is not None and not threads:
-                # py-spy cannot read it (no permission, gone, not Python): its command line decides
-                self._first[key] = now - GIVE_UP_S - 1.0
+                # py-spy could not read it: a passing failure (a non-blocking read of a process that
+                # is importing), or for good (no permission, gone, not Python): asked again, then
+                # after DUMP_ATTEMPTS failures its command line decides
+                failed = self._failed[key] = self._failed.get(key, 0) + 1
+                log.debug("role of PID %d: py-spy could not dump it (%s), attempt %d", node.pid, error, failed)
+                if failed >= DUMP_ATTEMPTS:
+                    self._first[key] = now - GIVE_UP_S - 1.0
                 continue
             role = classify(threads)
+            log.debug("role of PID %d: %s (%d threads dumped)", node.pid, role or "not yet", len(threads))
             if role is not None:
                 self.tree.decide(node.pid, node.create_time, role)
                 decided += 1
@@ -96,6 +109,7 @@ class RoleProbe:
         for key in [k for k in self._first if k not in alive]:
             self._first.pop(key, None)
             self._last.pop(key, None)
+            self._failed.pop(key, None)
         return decided
 
     def start(self, stop: threading.Event) -> None:
