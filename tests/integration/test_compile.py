@@ -244,6 +244,11 @@ class CompiledThenStepped:
         return False
 
 
+TORCH_UNEXPECTED = "Unexpected recompilation"
+"""The start of torch's recompile reason when the guards that failed at run time pass on a second
+look (``torch._dynamo.guards``; pytorch issue 164119 is one known cause)."""
+
+
 def test_a_clean_compiled_model_gets_no_compile_finding(tmp_path: Path) -> None:
     done = CompiledThenStepped()
     w = watch(tmp_path, "compile_clean", None, done=done)
@@ -252,4 +257,9 @@ def test_a_clean_compiled_model_gets_no_compile_finding(tmp_path: Path) -> None:
     assert not [line for _, line in w.lines if STATUS.match(line) and "compile-" in line]
     assert not [f["rule"] for f in w.report["findings"] if f["rule"].startswith("compile-")]
     info = w.report["hook"]["compile"]
-    assert info["frames"] >= 1 and info["recompiles"] == 0 and info["graph_breaks"] == 0, info
+    # The scenario is clean: no recompile of its making. torch's own "Unexpected recompilation"
+    # (a guard failed once at run time, then passed when dynamo looked for the reason) is not: it
+    # came once, beside two spinning processes, in a run with no burst and no trial (nothing of the
+    # hook's changed a global state); torchwatch recorded it and, rightly, named no compile finding.
+    ours = [e for e in info["events"] if e["kind"] == "recompile" and not e["reason"].startswith(TORCH_UNEXPECTED)]
+    assert info["frames"] >= 1 and ours == [] and info["graph_breaks"] == 0, info

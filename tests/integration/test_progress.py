@@ -29,7 +29,11 @@ def test_a_loss_that_turns_nan_is_named_with_its_step_and_the_progress_is_the_sc
     w = torchwatch(*headless_run(90, out, *cmd), json_path=out, timeout=180, env=env)
     assert w.code == 0, w.stderr[-3000:]
     printed = {int(s): (int(e), int(b), float(v)) for e, b, s, v in PRINTED.findall(w.stderr)}
-    assert len(printed) == 150, w.stderr[-2000:]
+    # once beside two spinning processes (2026-11-29) 149 of the 150 lines were read: the message
+    # names the missing steps and the stderr lines that carry the script's words but not its line
+    missing = [s for s in range(1, 151) if s not in printed]
+    odd = [line for line in w.stderr.splitlines() if "loss_nan:" in line and not PRINTED.match(line)]
+    assert len(printed) == 150, f"steps missing {missing}; lines not read: {odd[:5]!r}\n{w.stderr[-1500:]}"
     assert w.report is not None
     report = w.report
     p = report["progress"]
