@@ -126,6 +126,30 @@ def test_beyond_the_cap_the_oldest_idle_connection_of_the_busiest_address_goes()
         srv.stop()
 
 
+def test_a_connection_whose_request_has_begun_is_not_the_one_pushed_out() -> None:
+    # the oldest connection of the address has sent half its request; four idle ones come after it,
+    # beyond a cap of 4: idle ones go, and the half-sent request is answered once it is whole
+    srv = HttpServer(make_wsgi_app(CollectorRegistry(auto_describe=False)), socket.AF_INET, "127.0.0.1", 0, max_open=4)
+    idle: list[socket.socket] = []
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as first:
+            first.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            for _ in range(4):
+                idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+            deadline = time.monotonic() + 60  # the server accepts them in its own time: a deadline
+            while srv.accepted < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert srv.accepted == 5 and srv.evicted == 1
+            first.sendall(b"\r\n")
+            assert first.recv(4096).startswith(b"HTTP/1.1 200")
+        ready, _, _ = select.select(idle, [], [], 10)  # the one pushed out was an idle one: closed
+        assert len(ready) == 1 and ready[0].recv(4096) == b""
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
+
+
 def test_a_connection_that_never_finishes_its_request_is_cut() -> None:
     srv = MetricsServer(ObservationCollector(list, "h"), "127.0.0.1", free_port(), header_timeout_s=1.0)
     try:

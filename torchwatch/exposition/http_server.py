@@ -8,11 +8,12 @@ file descriptor and a buffer of at most :data:`MAX_HEADER_BYTES`, and
 
 - it must send its whole request within :data:`HEADER_TIMEOUT_S` of being accepted (Prometheus
   sends it at once), and be done within :data:`REQUEST_TIMEOUT_S` (its answer read), or it is cut;
-- at most :data:`MAX_OPEN` connections are open: a new one beyond closes the *oldest connection still
-  sending its request of the address that holds the most*, never the new one. A scrape from another
-  address than the clients that fill the server always gets in; one from the same address (a local
-  user on the node that Prometheus also scrapes from) gets in unless :data:`MAX_OPEN` newer
-  connections come between its connect and its request, which Prometheus writes at once;
+- at most :data:`MAX_OPEN` connections are open: a new one beyond closes one of the address holding
+  the most connections still sending their request, the oldest that has sent nothing yet (else the
+  oldest), never the new one. A scrape from another address than the clients that fill the server
+  always gets in; one from the same address (a local user on the node that Prometheus also scrapes
+  from) gets in once its first bytes have reached the server, and unless :data:`MAX_OPEN` newer
+  connections come between its connect and its first bytes, which Prometheus writes at once;
 - at most :data:`MAX_REQUESTS_PER_CLIENT` requests of one address are rendered or written at once:
   another is answered ``503`` at once.
 
@@ -110,6 +111,18 @@ class _Conn:
     out: memoryview | None = None
     counted: bool = False  # holds one of its client's MAX_REQUESTS_PER_CLIENT places
     events: int = 0  # the selector events it is registered for (0: not registered)
+
+
+def _bytes_pending(conn: _Conn) -> bool:
+    """Whether the kernel holds bytes of ``conn``'s request not read yet (a peek, never blocking).
+    A peer that closed (end of stream), a broken connection and a TLS connection (whose bytes are
+    records, not the request) count as none."""
+    if isinstance(conn.sock, ssl.SSLSocket):
+        return False
+    try:
+        return bool(conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # BlockingIOError: nothing there; any other: a broken connection
+        return False
 
 
 class HttpServer:
@@ -276,15 +289,19 @@ class HttpServer:
                 self._step(conn, selectors.EVENT_READ)  # a scrape's request is often there already
 
     def _evict(self, client: str | None) -> bool:
-        """Close the oldest connection still sending its request of ``client`` (``None``: of the
-        address holding the most such connections); False when there is none."""
+        """Close a connection still sending its request of ``client`` (``None``: of the address
+        holding the most such connections): the oldest that has sent nothing yet (or whose peer has
+        closed), else the oldest. A connection whose request has begun to arrive, in its buffer or
+        still in the kernel's, is not the one pushed out while an idle one is there. False when there
+        is none."""
         waiting = [c for c in self._conns.values() if c.state in ("handshake", "head")]
         if client is None and waiting:
             client = collections.Counter(c.client for c in waiting).most_common(1)[0][0]
-        waiting = [c for c in waiting if c.client == client]
+        waiting = sorted((c for c in waiting if c.client == client), key=lambda c: c.accepted)
         if not waiting:
             return False
-        self._close(min(waiting, key=lambda c: c.accepted))
+        victim = next((c for c in waiting if not c.inbuf and not _bytes_pending(c)), waiting[0])
+        self._close(victim)
         with self._lock:
             self.evicted += 1
         return True
