@@ -103,6 +103,9 @@ def run_once(
         if watched:
             report = json.loads(out.read_text())
             row["cpu_pct"] = float(report["self"]["cpu_pct_of_core"])
+            # torchwatch's CPU s by part and py-spy's (SelfUsage.by_part), over the whole run
+            row["parts"] = {**(report["self"].get("by_part") or {}), "py-spy run": report["self"]["pyspy_cpu_s"]}
+            row["wall_s"] = float(report["self"]["wall_s"])
             row["sampling"] = report.get("sampling") or {}
             row["first_step_after_s"] = (report.get("hook") or {}).get("first_step_after_s")
         if stamps:
@@ -150,6 +153,7 @@ def pair(demo: str, seconds: float, threads: str, window: float | None, device: 
     alone = run_once(demo, seconds, False, threads, stamps=window is not None, device=device)
     watched = run_once(demo, seconds, True, threads, stamps=window is not None, device=device)
     row = {"alone": alone["steps_per_s"], "watched": watched["steps_per_s"], "cpu_pct": watched["cpu_pct"]}
+    row["parts"], row["wall_s"] = watched["parts"], watched["wall_s"]
     if window is not None:
         start = steady_start(watched)
         if start is None:  # never settled: the fast cadence throughout, over the last window
@@ -432,6 +436,19 @@ def main() -> int:
                 f"{max(ratios):.3f}; pairs " + " ".join(f"{r:.3f}" for r in ratios),
                 flush=True,
             )
+            if all("parts" in p for p in pairs):  # where torchwatch's CPU went, % of one core of the run
+                names = sorted(
+                    {k for p in pairs for k in p["parts"]},
+                    key=lambda k: -statistics.median(100 * p["parts"].get(k, 0.0) / p["wall_s"] for p in pairs),
+                )
+                print(
+                    f"{'':25s} by part, % of one core over the run (median): "
+                    + ", ".join(
+                        f"{k} {statistics.median(100 * p['parts'].get(k, 0.0) / p['wall_s'] for p in pairs):.2f}"
+                        for k in names
+                    ),
+                    flush=True,
+                )
             if len(ratios) > 1:  # how far the median can be trusted: the pairs' mean and its standard error
                 se = statistics.stdev(ratios) / len(ratios) ** 0.5
                 print(f"{'':25s} mean of the pairs {statistics.mean(ratios):.3f} +- {se:.3f} (standard error)")

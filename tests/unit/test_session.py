@@ -170,6 +170,33 @@ def test_own_usage_reports_cpu_and_memory(session: Session) -> None:
     assert usage.pyspy_cpu_s == 0.0
 
 
+def _burn(seconds: float) -> list[object]:
+    """Spend ``seconds`` of this thread's CPU; no readings."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    return []
+
+
+def test_own_usage_charges_each_reading_and_analysis_to_its_part(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    psutil_src = _named(session, "psutil")
+    monkeypatch.setattr(session, "read", lambda src, now: _burn(0.05))
+    monkeypatch.setattr(session, "analyze", lambda: _burn(0.03))
+    _burn(0.01)  # the "other" part: not inside a reading or an analysis
+    assert session._sample(psutil_src)
+    session._analysis_round()
+    usage = session.own_usage()
+    parts = usage.by_part
+    assert parts is not None
+    assert parts["psutil"] >= 0.05 and parts["analysis"] >= 0.03
+    assert parts["start"] > 0  # this test process's CPU before the session was built
+    assert "threads" not in parts  # never read
+    # the parts split torchwatch's CPU (each rounded to 1 ms)
+    assert abs(sum(parts.values()) - usage.torchwatch_cpu_s) <= 0.001 * len(parts) + 0.002
+
+
 def test_store_window_copies_only_the_kinds_asked_for() -> None:
     from torchwatch.analysis.store import Store
     from torchwatch.model.readings import HookState

@@ -424,13 +424,22 @@ class VerdictChange:
 @dataclass(frozen=True)
 class SelfUsage:
     """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
-    both CPUs together as % of one core, and torchwatch's peak resident memory, bytes."""
+    both CPUs together as % of one core, and torchwatch's peak resident memory, bytes.
+
+    ``by_part`` splits ``torchwatch_cpu_s`` (CPU s, summing to it): ``start`` (torchwatch's own
+    CPU before the session began: Python's start, its imports, the rules, the launch), one key
+    per source read (``psutil``, ``threads``, ``hook``, ``py-spy``: reading its output, its own
+    CPU is ``pyspy_cpu_s``; ``memory``, ``nvml``), ``analysis`` (features, rules, the
+    Observation and what each tick hands to the faces), ``roles`` (the role probe's thread) and
+    ``other`` (the rest: the main thread's faces, the TUI, the exit). ``None`` (no key) in
+    reports written before it."""
 
     torchwatch_cpu_s: float = 0.0
     pyspy_cpu_s: float = 0.0
     wall_s: float = 0.0
     cpu_pct_of_core: float = 0.0
     max_rss_bytes: int = 0
+    by_part: Mapping[str, float] | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

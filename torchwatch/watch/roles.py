@@ -68,6 +68,7 @@ class RoleProbe:
         self._last: dict[tuple[int, float], float] = {}
         self._failed: dict[tuple[int, float], int] = {}  # (pid, create time) -> dumps that failed
         self.dumps = 0
+        self.cpu_s = 0.0  # the probe thread's own CPU s (its py-spy dumps' CPU is theirs)
         self._thread: threading.Thread | None = None
 
     def round(self) -> int:
@@ -117,12 +118,15 @@ class RoleProbe:
 
         def loop() -> None:
             while not stop.wait(PROBE_EVERY_S):
+                since = time.thread_time()
                 try:
                     if self.round():
                         self.tree.refresh()
                 except Exception:
                     log.exception("the role probe failed; it stops")
                     return
+                finally:
+                    self.cpu_s += time.thread_time() - since
 
         self._thread = threading.Thread(target=loop, name="torchwatch-roles", daemon=True)
         self._thread.start()

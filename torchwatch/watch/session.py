@@ -61,6 +61,12 @@ __all__ = ["HANG_JOIN_S", "TICK_SLACK_S", "WINDOW_MAX_S", "WINDOW_MIN_S", "Sessi
 log = logging.getLogger(__name__)
 
 
+def _process_cpu_s() -> float:
+    """CPU s this process has used so far (user + system, all its threads)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return float(me.ru_utime + me.ru_stime)
+
+
 # A tick's sources count as due this early: a timed wait may end a little before its deadline.
 TICK_SLACK_S = 0.002
 HANG_JOIN_S = 20.0  # the report waits this long for a thread dump in flight (py-spy's timeout is 10 s a process)
@@ -87,6 +93,9 @@ class Session:
         options: SessionOptions | None = None,
         child: ChildProcess | None = None,
     ) -> None:
+        self._cpu_before = _process_cpu_s()  # what torchwatch spent before watching (SelfUsage.by_part)
+        self._cpu_parts: dict[str, float] = {}  # thread CPU s of each source's reads, the analysis
+        self._cpu_lock = threading.Lock()
         self.options = opts = options or SessionOptions()
         self.tree = ProcessTree(root_pid)
         self.store = Store()
@@ -171,13 +180,24 @@ class Session:
 
     def own_usage(self) -> SelfUsage:
         """What watching cost so far: torchwatch's CPU s (all its threads), py-spy's CPU s, wall s,
-        both together as % of one core, and torchwatch's peak RSS (bytes)."""
+        both together as % of one core, torchwatch's peak RSS (bytes), and its CPU s by part
+        (:attr:`SelfUsage.by_part`: each part's thread CPU, ``time.thread_time``)."""
         me = resource.getrusage(resource.RUSAGE_SELF)
         own = me.ru_utime + me.ru_stime
         wall = max(1e-9, (self.ended_at or time.monotonic()) - self.started)
         helpers = self.sources.helper_cpu_s()  # the sources' helper processes (py-spy's runs)
         cpu_pct = round(100 * (own + helpers) / wall, 2)
-        return SelfUsage(round(own, 3), round(helpers, 3), round(wall, 2), cpu_pct, me.ru_maxrss * 1024)
+        with self._cpu_lock:
+            parts = {"start": self._cpu_before, **self._cpu_parts, "roles": self.roles.cpu_s}
+        parts["other"] = max(0.0, own - sum(parts.values()))
+        by_part = {name: round(cpu, 3) for name, cpu in parts.items()}
+        return SelfUsage(round(own, 3), round(helpers, 3), round(wall, 2), cpu_pct, me.ru_maxrss * 1024, by_part)
+
+    def _charge(self, part: str, since: float) -> None:
+        """Add this thread's CPU since ``since`` (``time.thread_time()``) to ``part``."""
+        spent = time.thread_time() - since
+        with self._cpu_lock:
+            self._cpu_parts[part] = self._cpu_parts.get(part, 0.0) + spent
 
     def why_missing(self, feature: str) -> str:
         """Why ``feature`` has no value (one line; :func:`torchwatch.watch.diagnose.why_missing`)."""
@@ -235,7 +255,14 @@ class Session:
 
     def _sample(self, src: AnySource) -> bool:
         """One reading of ``src`` into the store; ``False`` when the source failed and stops
-        (the others keep running)."""
+        (the others keep running). Its thread's CPU is charged to the source's name."""
+        since = time.thread_time()
+        try:
+            return self._sample_into_store(src)
+        finally:
+            self._charge(src.name, since)
+
+    def _sample_into_store(self, src: AnySource) -> bool:
         try:
             readings = self.read(src, time.monotonic())
         except Exception as exc:
@@ -265,6 +292,13 @@ class Session:
     # -- the analysis tick ----------------------------------------------------------------------
     def _analysis_round(self) -> None:
         """Trim the store, look for a hang, evaluate the rules; an error is logged, never raised."""
+        since = time.thread_time()
+        try:
+            self._analyse_now()
+        finally:
+            self._charge("analysis", since)
+
+    def _analyse_now(self) -> None:
         self.store.trim(time.monotonic())
         try:
             self.hang.check(time.monotonic())
