@@ -314,13 +314,27 @@ def test_the_reading_is_collecting_while_the_training_starts() -> None:
     assert not reading_of(replace(importing, features={"startup_share": 0.1}), hook=Status.UNAVAILABLE).collecting
 
 
-def test_the_reading_is_collecting_until_a_window_has_passed_since_the_first_step() -> None:
+def test_the_reading_is_filling_until_a_window_has_passed_since_the_first_step() -> None:
     def first_step(t: float) -> HookState:
         return HookState(99.0, 7, 8, 8, 0.0, 0.0, first_step_t=t)
 
-    assert reading_of(STEPPING, focus_hook=first_step(95.0), now=100.0).collecting
-    assert not reading_of(STEPPING, focus_hook=first_step(89.0), now=100.0).collecting
-    assert not reading_of(STEPPING, focus_hook=first_step(0.0), now=100.0).collecting  # not stepped: the hook rule
+    filling = reading_of(STEPPING, focus_hook=first_step(95.0), now=100.0)
+    assert filling.filling and not filling.collecting  # the verdict holds; its readings climb
+    assert not reading_of(STEPPING, focus_hook=first_step(89.0), now=100.0).filling
+    assert not reading_of(STEPPING, focus_hook=first_step(0.0), now=100.0).filling  # not stepped: the hook rule
+
+
+def test_the_evaluations_of_a_filling_window_count_but_are_no_reference() -> None:
+    policy = CadencePolicy()
+    filling = replace(BASE, filling=True, confidence=0.5)  # the evidence still gathering
+    for _ in range(SETTLE_EVALUATIONS + 5):  # a whole window of it: still fast
+        assert policy.update(filling).mode == FAST
+    modes = [policy.update(BASE).mode for _ in range(REFERENCE_READINGS)]  # windows that are all steps
+    assert modes == [FAST] * (REFERENCE_READINGS - 1) + [STEADY]  # the streak counted the filling ones
+    # the confidence's settled low is of the full windows (0.9), not the filling ones' 0.5
+    weaker = replace(BASE, confidence=0.75)
+    modes = [policy.update(weaker).mode for _ in range(SHIFT_HOLD)]
+    assert modes == [STEADY] * (SHIFT_HOLD - 1) + [FAST] and "weakened" in policy.reason
 
 
 # -- the pacer: the policy for the session's threads ----------------------------------------------

@@ -318,7 +318,7 @@ def test_the_policy_reads_the_verdict_its_finding_the_loop_and_the_tree(
 
 def test_the_cadence_waits_until_the_window_is_all_steps(session: Session) -> None:
     """A window that reaches back before the training's first step still climbs (its data wait
-    share above all): the verdict it gives is collecting, and settles only once a window has
+    share above all): the verdict it gives is filling, and settles only once a window has
     passed since the first step."""
     session.sources.channel.status = SourceStatus.ok()
     stepping = Analysis(
@@ -328,15 +328,15 @@ def test_the_cadence_waits_until_the_window_is_all_steps(session: Session) -> No
     window = session.options.window_s
     session.store.add([HookState(t=now, pid=200, steps=8, batches=8, data_wait_s=0.0, in_next_since=0.0,
                                  first_step_t=now - window / 2)])  # fmt: skip
-    assert session._cadence_reading(stepping, 200, now).collecting
+    assert session._cadence_reading(stepping, 200, now).filling
     session.store.add([HookState(t=now + 0.1, pid=200, steps=9, batches=9, data_wait_s=0.0, in_next_since=0.0,
                                  first_step_t=now - window - 1.0)])  # fmt: skip
-    assert not session._cadence_reading(stepping, 200, now).collecting
+    assert not session._cadence_reading(stepping, 200, now).filling
     # another process's hook (a rank that is not the focus) says nothing of the focus
     session.store.add([HookState(t=now + 0.2, pid=201, steps=1, batches=1, data_wait_s=0.0, in_next_since=0.0,
                                  first_step_t=now)])  # fmt: skip
-    assert not session._cadence_reading(stepping, 200, now).collecting
-    assert session._cadence_reading(stepping, 201, now).collecting  # the focus given is the one read
+    assert not session._cadence_reading(stepping, 200, now).filling
+    assert session._cadence_reading(stepping, 201, now).filling  # the focus given is the one read
 
 
 def test_the_rules_run_on_the_ticks_of_the_analysis_interval(session: Session) -> None:

@@ -156,6 +156,10 @@ class CadenceReading:
         burst: the focus hook's burst state and count (``state:count``; ``None``: no hook).
         collecting: the verdict still waits for samples, or the training for its first steps
             (never settles).
+        filling: the training steps, but the window still reaches back before its first step:
+            the verdict may hold (its evaluations count towards settling) while its continuous
+            readings still climb, so none of them becomes the settled reference and the cadence
+            does not settle on it.
     """
 
     label: str
@@ -168,6 +172,7 @@ class CadenceReading:
     straggler: int | None = None
     burst: str | None = None
     collecting: bool = False
+    filling: bool = False
 
 
 @dataclass
@@ -176,6 +181,7 @@ class _Settled:
 
     key: tuple[str, str | None, int | None]
     streak: int = 0
+    full: int = 0  # of the streak, the evaluations of a window that was all steps
     min_confidence: float = 1.0
     step_times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
@@ -193,13 +199,15 @@ def _median(values: Collection[float]) -> float | None:
 class CadencePolicy:
     """Decides, each analysis tick, whether the samplers run fast or steady.
 
-    Fast until :data:`SETTLE_EVALUATIONS` evaluations in a row give the same label, top finding
-    and straggler with no change below; then steady. Back to fast at once (and the count starts
-    again) when the label, the top finding or the straggler changes, a training process or worker
-    appears or vanishes, the hook's burst state or count changes, or :meth:`wake` is called (a key
-    in the TUI, a burst asked for); and when, for :data:`SHIFT_HOLD` evaluations in a row, the step
-    time has moved :data:`STEP_SHIFT` or the data wait :data:`WAIT_SHIFT` from where they settled,
-    or the confidence has fallen :data:`CONFIDENCE_DROP` below its settled low.
+    Fast until :data:`SETTLE_EVALUATIONS` evaluations in a row give the same label, top finding and
+    straggler with no change below, the last :data:`REFERENCE_READINGS` of them (at least) of a
+    window that is all steps (:attr:`CadenceReading.filling`); then steady. Back to fast at once
+    (and the count starts again) when the label, the top finding or the straggler changes, a
+    training process or worker appears or vanishes, the hook's burst state or count changes, or
+    :meth:`wake` is called (a key in the TUI, a burst asked for); and when, for :data:`SHIFT_HOLD`
+    evaluations in a row, the step time has moved :data:`STEP_SHIFT` or the data wait
+    :data:`WAIT_SHIFT` from where they settled, or the confidence has fallen :data:`CONFIDENCE_DROP`
+    below its settled low.
 
     Args:
         fast: the fast cadence (the session's options). steady: the steady one (default
@@ -249,12 +257,14 @@ class CadencePolicy:
             return self.cadence
         if self.mode == FAST:
             s.streak += 1
-            s.min_confidence = min(s.min_confidence, r.confidence)
-            if r.step_time_s is not None and r.steps >= MIN_STEPS:
-                s.step_times.append(r.step_time_s)
-            if r.data_wait is not None:
-                s.waits.append(r.data_wait)
-            if s.streak >= self.settle:
+            if not r.filling:  # the reference: readings of windows that are all steps
+                s.full += 1
+                s.min_confidence = min(s.min_confidence, r.confidence)
+                if r.step_time_s is not None and r.steps >= MIN_STEPS:
+                    s.step_times.append(r.step_time_s)
+                if r.data_wait is not None:
+                    s.waits.append(r.data_wait)
+            if s.streak >= self.settle and s.full >= min(self.settle, REFERENCE_READINGS):
                 self.cadence = self.steady
                 self.reason = f"the verdict held for {s.streak} evaluations in a row"
         return self.cadence
@@ -339,25 +349,29 @@ def cadence_reading(
         processes=(tree.count(Role.MAIN), tree.count(Role.WORKER)),
         straggler=analysis.straggler.pid if analysis.straggler is not None else None,
         burst=None if burst is None else f"{burst.state}:{burst.count}",
-        collecting=_collecting(analysis, focus_hook, hook_status, window_s, now),
+        collecting=_collecting(analysis, focus_hook, hook_status),
+        filling=_filling(focus_hook, window_s, now),
     )
 
 
-def _collecting(
-    analysis: Analysis, focus_hook: HookState | None, hook_status: Status, window_s: float, now: float
-) -> bool:
-    """The verdict cannot settle yet: it still waits for samples, the training is still starting
-    (importing, or its hook has counted no step in the window, or its first step is less than a
-    window ago), so the readings that matter have not begun or not filled the window."""
+def _collecting(analysis: Analysis, focus_hook: HookState | None, hook_status: Status) -> bool:
+    """The verdict cannot hold yet: it still waits for samples, or the training is still starting
+    (importing, or its hook has counted no step in the window), so the readings that matter have
+    not begun."""
     v, f = analysis.verdict, analysis.features
     if v.label == "undetermined" and v.confidence == 0.0:
         return True
     if (f.get("startup_share") or 0.0) > STARTING_SHARE:
         return True
-    if hook_status is Status.STARTING or (hook_status is Status.OK and not f.get("hook_steps_per_s")):
-        return True
-    # The window still reaches back before the first step: its shares (data wait above all) still
-    # climb as the loop fills it, and a reference taken now would wake the cadence later.
+    return hook_status is Status.STARTING or (hook_status is Status.OK and not f.get("hook_steps_per_s"))
+
+
+def _filling(focus_hook: HookState | None, window_s: float, now: float) -> bool:
+    """The window still reaches back before the focus's first step (its hook's ``first_step_t``):
+    its shares (the data wait above all) still climb as the loop fills it, and a reference taken
+    now would wake the cadence later. The verdict's evaluations count towards settling meanwhile
+    (:attr:`CadenceReading.filling`): the cadence settles :data:`REFERENCE_READINGS` evaluations
+    after the window is all steps, not :data:`SETTLE_EVALUATIONS` after."""
     first = focus_hook.first_step_t if focus_hook is not None else 0.0
     return bool(first) and now - first < window_s
 
