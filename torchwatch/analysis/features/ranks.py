@@ -13,13 +13,19 @@ from torchwatch.model.readings import Role, ThreadSample
 from torchwatch.wire import HookRecord, RankStep
 
 
-def rank_collective_wait(rec: HookRecord | None, step: RankStep) -> float:
-    """Time ``step`` of a rank spent blocked on its peers, s (:meth:`RankStep.collective_wait`):
-    the blocked part of backward counts only for a rank of a job of several processes whose
-    backward runs on the CPU (CUDA not initialised), where it is DDP's gradient all-reduce."""
+def backward_is_comm(rec: HookRecord | None) -> bool:
+    """Whether the blocked part of a rank's backward is DDP's gradient all-reduce: a rank of a job
+    of several processes whose backward runs on the CPU (CUDA not initialised), per its hook's
+    record ``rec`` (:meth:`RankStep.collective_wait`)."""
     info = rec.rank if rec is not None else None
     multi = info is not None and (info.world_size or 0) > 1
-    return step.collective_wait(multi and rec is not None and not rec.cuda_initialized)
+    return multi and rec is not None and not rec.cuda_initialized
+
+
+def rank_collective_wait(rec: HookRecord | None, step: RankStep) -> float:
+    """Time ``step`` of a rank spent blocked on its peers, s (:meth:`RankStep.collective_wait`):
+    the blocked part of backward counts only where :func:`backward_is_comm`."""
+    return step.collective_wait(backward_is_comm(rec))
 
 
 def collective_cpu(window: Window) -> Features:
@@ -66,12 +72,19 @@ def _collective_wait(window: Window, main_pid: int | None, f: Features) -> Featu
     taken out). ``None`` without per-step readings; 0 for a process that is no rank and calls no
     collective.
     """
-    reads = [h for h in window.hook if main_pid is None or h.pid == main_pid]
-    steps = [(h.record, s) for h in reads for s in h.rank_steps if window.start <= s.end <= window.end]
-    total = sum(s.duration for _, s in steps)
-    if len(steps) < 2 or total <= 0:
+    n, total, waited = 0, 0.0, 0.0  # one pass over the window's steps (hundreds a second on a fast loop)
+    for h in window.hook:
+        if main_pid is not None and h.pid != main_pid:
+            continue
+        comm = backward_is_comm(h.record)  # one record a reading: its steps share it
+        for s in h.rank_steps:
+            if window.start <= s.end <= window.end:
+                n += 1
+                total += s.duration
+                waited += s.collective_wait(comm)
+    if n < 2 or total <= 0:
         return {"collective_wait_share": None}
-    blocked = sum(rank_collective_wait(rec, s) for rec, s in steps) / total
+    blocked = waited / total
     runq = (f.get("main_runqueue_share") or 0.0) * (1.0 - (f.get("collective_cpu_share") or 0.0))
     return {"collective_wait_share": max(0.0, min(1.0, blocked - runq))}
 

@@ -15,10 +15,15 @@ from torchwatch.model.readings import Role, ThreadSample, Wait
 def _growth(samples: Sequence[ThreadSample], *counters: str) -> float | None:
     """Growth of the sum of one thread's cumulative ``counters`` (s) per second of wall time, from
     the first sample that has them all to the last; ``None`` when those span < 1 s. Not clipped."""
-    timed = [s for s in samples if all(getattr(s, c) is not None for c in counters)]
-    if len(timed) < 2 or timed[-1].t - timed[0].t < 1.0:
+    # the first and the last sample that have them all, scanned from each end (called for every
+    # thread at every analysis: no list of the samples between)
+    i = next((i for i, s in enumerate(samples) if all(getattr(s, c) is not None for c in counters)), None)
+    if i is None:
         return None
-    first, last = timed[0], timed[-1]
+    j = next(j for j in range(len(samples) - 1, i - 1, -1) if all(getattr(samples[j], c) is not None for c in counters))
+    first, last = samples[i], samples[j]
+    if j == i or last.t - first.t < 1.0:
+        return None
     grown = sum(float(getattr(last, c)) - float(getattr(first, c)) for c in counters)
     return grown / (last.t - first.t)
 
