@@ -190,15 +190,16 @@ def test_run_inside_a_container(case: str) -> None:
     if case == "cgroup-limits":
         assert report["features"]["usable_cpus"] == 1.0, report["features"]
         assert report["memory"]["limit_bytes"] == 2 << 30, report["memory"]
-    _cpu_label(report["verdict"]["label"], report["verdict"]["confidence"])
+    findings = [f["rule"] for f in report["findings"]]
+    _cpu_label(report["verdict"]["label"], report["verdict"]["confidence"], f"findings {findings}")
 
 
-def _cpu_label(label: str, confidence: float) -> None:
+def _cpu_label(label: str, confidence: float, why: str = "") -> None:
     """cpu_bound's label, or another one only below 0.5: beside other tests (this one is not quiet),
     two pods of cpu_bound on 2 cores were named dataloader-bound at 0.17-0.35 (its batches are made
     in the main process, which waits for a CPU too). The label on a quiet machine, and which finding
     leads on a busy one, are the quiet attach tests' (:func:`_label_or_busy`); here, the namespaces."""
-    assert label == "cpu-bound" or confidence < 0.5, (label, confidence)
+    assert label == "cpu-bound" or confidence < 0.5, (label, confidence, why)
 
 
 def _free_port() -> int:
@@ -286,7 +287,16 @@ def test_serve_from_the_host_labels_a_training_in_a_container(case: str) -> None
     if case == "cgroup-limits":
         assert feature["usable_cpus"] == 1.0 and feature["cpu_quota_cpus"] == 1.0, feature
         assert feature["mem_limit_bytes"] == 2 << 30, feature
-    _cpu_label(labels["label"], confidence)
+    # what the verdict rested on, named if the label is not the demo's: the loop's shares and the
+    # CPU it waited for (the exporter's feature names end in _ratio for shares)
+    why = {
+        name: v for name, samples in last.items()
+        if name.startswith("torchwatch_feature_")
+        and any(k in name for k in ("fetch", "loop_cpu", "data_wait", "runqueue", "saturation", "worker_count"))
+        for lb, v in samples if lb.get("container_id") == container
+    }  # fmt: skip
+    findings = labels.get("top_finding", "")
+    _cpu_label(labels["label"], confidence, f"top finding {findings}, features {why}")
 
 
 def _lines_of(proc: subprocess.Popen[str]) -> list[str]:
