@@ -61,12 +61,6 @@ __all__ = ["HANG_JOIN_S", "TICK_SLACK_S", "WINDOW_MAX_S", "WINDOW_MIN_S", "Sessi
 log = logging.getLogger(__name__)
 
 
-def _process_cpu_s() -> float:
-    """CPU s this process has used so far (user + system, all its threads)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    return float(me.ru_utime + me.ru_stime)
-
-
 # A tick's sources count as due this early: a timed wait may end a little before its deadline.
 TICK_SLACK_S = 0.002
 HANG_JOIN_S = 20.0  # the report waits this long for a thread dump in flight (py-spy's timeout is 10 s a process)
@@ -93,7 +87,7 @@ class Session:
         options: SessionOptions | None = None,
         child: ChildProcess | None = None,
     ) -> None:
-        self._cpu_before = _process_cpu_s()  # what torchwatch spent before watching (SelfUsage.by_part)
+        self._cpu_before = time.process_time()  # CPU s torchwatch spent before watching (SelfUsage.by_part)
         self._cpu_parts: dict[str, float] = {}  # thread CPU s of each source's reads, the analysis
         self._cpu_lock = threading.Lock()
         self.options = opts = options or SessionOptions()
