@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import DEMO, REPO, torchwatch
-from tests.integration.injection import HOLDER, _interpreter, running
+from tests.integration.injection import HOLDER, INJECT_TIMEOUT_S, _interpreter, running
 from torchwatch.cli.injecting import DETACH, INSTALL, PREPARE
 from torchwatch.inject.injector import DETACH_TIMEOUT_S, DETACH_WINDOW_S, Injector
 from torchwatch.sources.hook import HookReader, hook_dir
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 STEP = re.compile(r"step (\d+),")
 
-DETACH_LIMITS = {"window_s": DETACH_WINDOW_S, "timeout_s": DETACH_TIMEOUT_S}  # as attach's own detach
+DETACH_LIMITS = {"window_s": DETACH_WINDOW_S, "timeout_s": max(DETACH_TIMEOUT_S, INJECT_TIMEOUT_S)}  # attach's window
 
 
 GLIBC_INTERNAL = (1 << (32 - 1)) | (1 << (33 - 1))
@@ -284,19 +284,20 @@ def test_live_install_is_lazy_without_torch_on_every_interpreter(version: str, s
     if python is None:
         pytest.skip(f"no python{version} on this machine")
     with running([python, str(scripts / "loop.py"), "60"]) as target, Injector() as injector:
-        prepared = injector.inject(target.pid, PREPARE)
+        prepared = injector.inject(target.pid, PREPARE, timeout_s=INJECT_TIMEOUT_S)
         assert prepared.ok and prepared.value["prepared"] and not prepared.value["torch"], prepared
-        first = injector.inject(target.pid, INSTALL)
+        first = injector.inject(target.pid, INSTALL, timeout_s=INJECT_TIMEOUT_S)
         assert first.ok, first.reason
         value = first.value
         assert value["installed"] and value["lazy"] and value["import_watcher"], value
         assert not value["active"] and value["errors"] == []
         assert first.result["python"].startswith(version + ".")
-        again = injector.inject(target.pid, INSTALL)
+        again = injector.inject(target.pid, INSTALL, timeout_s=INJECT_TIMEOUT_S)
         assert again.ok and again.value["already"], again.value
         gone = injector.inject(target.pid, DETACH, into_hooked=True, **DETACH_LIMITS)
         assert gone.ok and gone.value["detached"], gone
-        fresh = injector.inject(target.pid, INSTALL)  # after detach, an install starts from scratch
+        # after detach, an install starts from scratch
+        fresh = injector.inject(target.pid, INSTALL, timeout_s=INJECT_TIMEOUT_S)
         assert fresh.ok and fresh.value["installed"] and not fresh.value["already"], fresh.value
         assert injector.inject(target.pid, DETACH, into_hooked=True, **DETACH_LIMITS).value["detached"]
         assert target.poll() is None
@@ -328,8 +329,8 @@ def test_a_lazy_live_install_activates_when_torch_is_imported(tmp_path: Path) ->
     flag = tmp_path / "go"
     env = dict(os.environ, TORCHWATCH_DIR=str(tmp_path / "hooks"))
     with running([sys.executable, str(script), str(flag)], env=env) as target, Injector() as injector:
-        assert injector.inject(target.pid, PREPARE).ok
-        installed = injector.inject(target.pid, INSTALL)
+        assert injector.inject(target.pid, PREPARE, timeout_s=INJECT_TIMEOUT_S).ok
+        installed = injector.inject(target.pid, INSTALL, timeout_s=INJECT_TIMEOUT_S)
         assert installed.ok and installed.value["lazy"], installed
         d = hook_dir(target.pid)
         assert d is not None and not d.exists()  # nothing published before torch

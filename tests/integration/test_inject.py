@@ -22,7 +22,7 @@ import pytest
 
 from tests.containers import own_tmp_commands
 from tests.integration.conftest import REPO
-from tests.integration.injection import HOLDER, _interpreter, running
+from tests.integration.injection import HOLDER, INJECT_TIMEOUT_S, _interpreter, running
 from torchwatch.inject.injector import Injector, Payload, inject
 
 pytestmark = pytest.mark.integration
@@ -43,8 +43,8 @@ def test_injection_works_on_every_interpreter(version: str, scripts: Path) -> No
     if python is None:
         pytest.skip(f"no python{version} on this machine")
     with running([python, str(scripts / "loop.py"), "60"]) as target, Injector() as injector:
-        in_thread = injector.inject(target.pid)
-        on_main = injector.inject(target.pid, Payload(thread=False))
+        in_thread = injector.inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
+        on_main = injector.inject(target.pid, Payload(thread=False), timeout_s=INJECT_TIMEOUT_S)
         assert in_thread.ok, in_thread.reason
         assert on_main.ok, on_main.reason
         for outcome in (in_thread, on_main):
@@ -61,7 +61,7 @@ def test_injection_works_on_every_interpreter(version: str, scripts: Path) -> No
 def test_injection_into_a_running_torch_loop(scripts: Path) -> None:
     with running([sys.executable, str(scripts / "torch_loop.py"), "60"]) as target:
         time.sleep(1.0)
-        outcome = inject(target.pid)
+        outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
         assert outcome.ok, outcome.reason
         assert outcome.value["torch"] is not None
         # held, and let go (how long: bench/inject.py, target <= 100 ms)
@@ -74,14 +74,16 @@ def test_repeated_injection_keeps_the_numbers_right(scripts: Path) -> None:
     mismatch (or a crash in free()) came within ~80-150 injections on the build machine."""
     with running([sys.executable, str(scripts / "numbers_loop.py"), "300"]) as target, Injector() as injector:
         for n in range(300):
-            outcome = injector.inject(target.pid, Payload(thread=n % 2 == 0))
+            outcome = injector.inject(target.pid, Payload(thread=n % 2 == 0), timeout_s=INJECT_TIMEOUT_S)
             assert target.poll() is None, f"the training died after {n + 1} injections: status {target.returncode}"
             assert outcome.ok, outcome.reason
 
 
 def test_a_failing_payload_leaves_the_target_running(scripts: Path) -> None:
     with running([sys.executable, str(scripts / "loop.py"), "60"]) as target:
-        outcome = inject(target.pid, Payload(module="torchwatch.inject.no_such_module", thread=False))
+        outcome = inject(
+            target.pid, Payload(module="torchwatch.inject.no_such_module", thread=False), timeout_s=INJECT_TIMEOUT_S
+        )
         assert not outcome.ok and "ModuleNotFoundError" in outcome.reason and "was undone" in outcome.reason
         assert target.poll() is None
         err = _stderr_after_kill(target)
@@ -104,7 +106,7 @@ def test_refuses_a_process_that_is_not_python() -> None:
 def test_refuses_a_process_that_already_has_a_hook(scripts: Path) -> None:
     env = dict(os.environ, TORCHWATCH_HOOK="1")
     with running([sys.executable, str(scripts / "loop.py"), "60"], env=env) as target:
-        outcome = inject(target.pid)
+        outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
         assert not outcome.ok and "already has a torchwatch hook" in outcome.reason
 
 
@@ -113,7 +115,7 @@ def test_refuses_a_stopped_process(scripts: Path) -> None:
         os.kill(target.pid, signal.SIGSTOP)
         try:
             time.sleep(0.2)
-            outcome = inject(target.pid)
+            outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
             assert not outcome.ok and f"kill -CONT {target.pid}" in outcome.reason
         finally:
             os.kill(target.pid, signal.SIGCONT)
@@ -124,7 +126,7 @@ def test_refuses_a_process_someone_else_traces(scripts: Path) -> None:
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(target.pid)], stdout=subprocess.PIPE, text=True)
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "seized"
-            outcome = inject(target.pid)
+            outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
             assert not outcome.ok and f"already traced by PID {holder.pid}" in outcome.reason
         finally:
             holder.kill()
@@ -139,7 +141,7 @@ def test_refuses_a_3_14_process_with_remote_debugging_disabled(scripts: Path) ->
         pytest.skip("no python3.14 on this machine")
     env = dict(os.environ, PYTHON_DISABLE_REMOTE_DEBUG="1")
     with running([python, str(scripts / "loop.py"), "60"], env=env) as target:
-        outcome = inject(target.pid)
+        outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
         assert not outcome.ok and "remote debugging is disabled" in outcome.reason
 
 
@@ -156,7 +158,7 @@ def test_another_mount_namespace_is_injected_into_through_its_root(scripts: Path
     /proc/PID/root (the refusal, when neither works, is tests/unit/test_inject_checks.py's)."""
     _root_with("unshare")
     with running(["unshare", "--mount", sys.executable, str(scripts / "loop.py"), "60"]) as target:
-        outcome = inject(target.pid)
+        outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
         assert outcome.ok, outcome.reason
         found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
         assert "as torchwatch does" in found["mount-namespace"], found
@@ -171,7 +173,7 @@ def test_another_mount_namespace_is_injected_into_through_its_root(scripts: Path
     )
     try:
         with running(["unshare", "--mount", "sh", "-c", own]) as target:
-            outcome = inject(target.pid)
+            outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
             assert outcome.ok, outcome.reason
             found = {f.check: f.finding for f in outcome.plan.findings}  # type: ignore[union-attr]
             assert f"placed there through /proc/{target.pid}/root" in found["mount-namespace"], found
@@ -184,7 +186,7 @@ def test_another_pid_namespace_works_and_the_target_sees_its_own_pid(scripts: Pa
     with running(["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(scripts / "loop.py"), "60"]) as u:
         # `ready PID` is printed by the inner process, with its namespace's PID
         inner = next(p for p in _children(u.pid))
-        outcome = inject(inner)
+        outcome = inject(inner, timeout_s=INJECT_TIMEOUT_S)
         assert outcome.ok, outcome.reason
         assert outcome.value["pid"] != inner  # its own view: PID 1 or 2 inside the namespace
         assert any(f.check == "pid-namespace" and f.level == "warn" for f in outcome.plan.findings)  # type: ignore[union-attr]
@@ -255,7 +257,7 @@ def test_root_injects_into_another_users_process(scripts: Path, two_users: tuple
         pytest.skip("no system python3")
     owner, _ = two_users
     with running([*_as(owner), SYSTEM_PYTHON, str(scripts / "loop.py"), "60"]) as target:
-        outcome = inject(target.pid)
+        outcome = inject(target.pid, timeout_s=INJECT_TIMEOUT_S)
         assert outcome.ok, outcome.reason
         assert outcome.value["pid"] == target.pid
         leftovers = glob.glob(os.path.join(tempfile.gettempdir(), "torchwatch-inject-*"))

@@ -169,3 +169,40 @@ def test_workdir_for_another_user_hands_over_only_out(tmp_path: Path) -> None:
     finally:
         work.close()
     assert (work.out / "other").exists()  # only what torchwatch expects is removed
+
+
+@pytest.mark.parametrize(
+    ("script", "words"),
+    [
+        ("import time; time.sleep(30)", "did not start within 0.5 s"),  # never says it is ready
+        ("import sys; sys.exit(3)", "stopped as it started (exit status 3)"),
+        ("print('hello', flush=True)", "stopped as it started"),  # not the ready line
+    ],
+)
+def test_a_helper_that_does_not_say_it_is_ready_is_not_used_and_is_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, words: str
+) -> None:
+    from torchwatch.inject import injector
+
+    fake = tmp_path / "helper.py"
+    fake.write_text(script + "\n")
+    monkeypatch.setattr(injector, "HELPER", fake)
+    helper = injector._Helper()
+    why = helper.start(timeout_s=0.5)
+    assert why is not None and words in why, why
+    assert helper.proc is None  # not used for an injection
+    assert not injector._LEFT_TO_FINISH or all(p.args[-1] != str(fake) for p in injector._LEFT_TO_FINISH)
+
+
+def test_the_real_helper_says_it_is_ready_before_the_first_request() -> None:
+    from torchwatch.inject.injector import _Helper
+
+    helper = _Helper()
+    try:
+        assert helper.start(timeout_s=60.0) is None
+        proc = helper.proc
+        assert proc is not None and proc.poll() is None
+        assert helper.start() is None and helper.proc is proc  # started once, reused
+    finally:
+        helper.close()
+    assert proc.poll() is not None

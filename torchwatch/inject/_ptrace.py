@@ -1,10 +1,11 @@
 """Helper process: load a shared library into a Python process with ptrace, at a safe moment.
 
 Started once by :class:`torchwatch.inject.injector.Injector` as ``python -I _ptrace.py`` and
-then asked over its stdin (one JSON request a line, one JSON answer a line; see
-:func:`serve`), so the interpreter's start-up (~0.1 s of CPU) is not paid while a training is
-held. It imports nothing from torchwatch (``-I`` and a script path: no current directory,
-no ``PYTHONPATH`` on its ``sys.path``). A separate process, not a thread of torchwatch,
+then asked over its stdin (one JSON request a line, one JSON answer a line, after a first
+line saying it is ready; see :func:`serve`), so the interpreter's start-up (~0.1 s of CPU) is
+neither paid while a training is held nor counted in an injection's time. It imports nothing
+from torchwatch (``-I`` and a script path: no current directory, no ``PYTHONPATH`` on its
+``sys.path``). A separate process, not a thread of torchwatch,
 because the injector holds the calling interpreter's GIL while it waits for the target, and
 because the waits for the target's ptrace stops must not meet torchwatch's own ``waitpid``
 for the training it launched.
@@ -535,8 +536,14 @@ def inject(pid: int, start_ticks: str, library: str, window_s: float) -> dict[st
 
 
 def serve() -> int:
-    """Answer requests, one JSON object a line on stdin (``pid``, ``start_ticks``, ``library``,
-    ``window_s``), with one JSON line on stdout each, until stdin closes."""
+    """Say it is ready (one JSON line, ``{"ready": true}``, once pyinjector is imported: the
+    injector starts an injection's clock only then), then answer requests, one JSON object a
+    line on stdin (``pid``, ``start_ticks``, ``library``, ``window_s``), with one JSON line on
+    stdout each, until stdin closes."""
+    with contextlib.suppress(ImportError):  # each request says so
+        import pyinjector  # noqa: F401  # type: ignore[import-untyped]
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         try:
             req = json.loads(line)

@@ -59,6 +59,10 @@ DETACH_WINDOW_S = 8.0
 """The window to take a hook out (s): longer, since a detach that fails leaves the hook in."""
 DETACH_TIMEOUT_S = 15.0
 """The detach's whole time (s): its window and the payload's run after it."""
+HELPER_START_TIMEOUT_S = 60.0
+"""How long the ptrace helper may take to start and import pyinjector (s), before the first
+injection's own clock starts: ~0.05 s on a quiet machine; generous, since a start that is only
+slow (a busy machine, a cold disk) is no reason to give up, and nothing is held meanwhile."""
 _LIBRARY = "payload.so"
 _SCRIPT = "payload.py"
 _OUT = "out"
@@ -262,12 +266,17 @@ class _Helper:
         self.proc: subprocess.Popen[str] | None = None
         self.stuck: str | None = None
 
-    def start(self) -> str | None:
-        """Start it if it is not running; the reason when it cannot be started."""
+    def start(self, timeout_s: float = HELPER_START_TIMEOUT_S) -> str | None:
+        """Start it if it is not running and wait up to ``timeout_s`` for its ready line, so
+        that its start-up never counts against an injection's time; the reason when it cannot
+        be started (then nothing was held)."""
+        if self.stuck is not None:
+            return self.stuck
         if self.proc is not None and self.proc.poll() is None:
             return None
+        self.proc = None
         try:
-            self.proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-I", str(HELPER)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -277,6 +286,23 @@ class _Helper:
             )
         except OSError as exc:
             return f"cannot start the injector: {exc.strerror or exc}"
+        assert proc.stdout is not None
+        try:
+            ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+            line = proc.stdout.readline() if ready else ""
+        except (OSError, ValueError):
+            line = ""
+        try:
+            answer = json.loads(line) if line else None
+        except ValueError:
+            answer = None
+        if not (isinstance(answer, dict) and answer.get("ready") is True):
+            self.proc = proc
+            self.close()
+            if not ready:
+                return f"the injector did not start within {timeout_s:g} s (is the machine overloaded?)"
+            return f"the injector stopped as it started (exit status {proc.poll()})"
+        self.proc = proc
         return None
 
     def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -298,13 +324,14 @@ class _Helper:
             return {"ok": False, "error": f"the injector failed: {exc}"}
         if not ready:
             pid = request["pid"]
-            self.stuck = (
-                f"an earlier injection into PID {pid} has not returned: its main thread is still in the injected "
-                f"call (waiting for the GIL or a lock, see py-spy dump --pid {pid}); torchwatch lets it finish "
-                "rather than stop it half way, and injects nothing more this run"
+            why = (
+                f"its main thread is still in the injected call (waiting for the GIL or a lock, see py-spy dump "
+                f"--pid {pid}); torchwatch lets it finish rather than stop it half way, and injects nothing more "
+                "this run"
             )
+            self.stuck = f"an earlier injection into PID {pid} has not returned: {why}"
             self._leave_to_finish()
-            return {"ok": False, "error": f"the injector did not return within {timeout_s:g} s: {self.stuck}"}
+            return {"ok": False, "error": f"the injection into PID {pid} did not return within {timeout_s:g} s: {why}"}
         try:
             answer = json.loads(line)
         except ValueError:
@@ -409,6 +436,11 @@ class Injector:
         plan = checks.evaluate(host, target, missing_injector=checks.injector_missing(), hooked=hooked, view=view)
         if plan.method is None:
             return Outcome(False, f"cannot inject into PID {pid}: {plan.reason()}", plan=plan)
+        if plan.method != "remote_exec":
+            # the helper's start-up (a new interpreter, pyinjector's import) is not the injection's time
+            why = self._helper.start()
+            if why:
+                return Outcome(False, why, plan.method, plan=plan)
         token = secrets.token_hex(16)
         with _workdir(target, view) as work:
             params: dict[str, Any] = {
