@@ -118,7 +118,7 @@ def test_burst_refused_while_the_users_profiler_runs_and_training_goes_on(tmp_pa
     )  # fmt: skip
     try:
         pid = _hooked_pid(proc.pid, min_steps=5)
-        r = torchwatch("burst", str(pid), "--wait", "20", timeout=40)
+        r = torchwatch("burst", str(pid), "--wait", "20", timeout=90)
         assert r.code == 1 and "another profiler" in r.stderr, r.stderr
         before = HookReader(pid).counters()
         time.sleep(1.5)
