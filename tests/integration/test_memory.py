@@ -206,9 +206,10 @@ SIMULATED = REPO / "tests" / "scenarios" / "memory" / "cuda_oom_simulated.py"
 
 def _run_or_dump(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd)``; past ``timeout`` s the test fails with the Python stacks of the
-    command and what it started (``py-spy dump``), then they are killed. Once in CI (2026-11-29)
-    ``run --duration 60`` outlived 120 s here after its training had died (not reproduced in 34
-    runs since): the stacks say where it was."""
+    command and what it started (``py-spy dump``), then they are killed. Twice (CI and a local run,
+    2026-11-29) ``run --duration 60`` outlived 120 s here after its training had died: the stacks
+    showed the main thread blocked reading the guard's status pipe, whose exit line the analysis
+    thread's poll had taken (fixed: one reader at a time, tests/unit/test_cli.py)."""
     import psutil
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -368,6 +368,44 @@ def test_a_wait_for_the_training_ends_at_its_exit_or_when_woken() -> None:
         os.close(w)
 
 
+def test_a_wait_and_a_poll_from_another_thread_both_see_the_exit() -> None:
+    """The headless loop waits in Launched.wait on the main thread while the analysis thread calls
+    poll(): two readers of the guard's status pipe once lost the exit line between one's select and
+    the other's read, and ``run`` then blocked for good after its training had died (CI, 2026-11-29;
+    the test's stacks: the main thread in os.read). Short commands, a poller that never rests: the
+    main thread's wait must come back with the exit status each time."""
+    import threading
+
+    from torchwatch.watch.lifecycle import launch
+
+    for _ in range(20):
+        child = launch([sys.executable, "-c", "import time; time.sleep(0.05)"], stdout=subprocess.DEVNULL)
+        stop = threading.Event()
+        polled: list[int | None] = []
+
+        def poller(child=child, stop=stop, polled=polled) -> None:  # type: ignore[no-untyped-def]
+            while not stop.is_set():
+                polled.append(child.poll())
+
+        results: list[int | None] = []
+        threads = [
+            threading.Thread(target=poller, daemon=True),
+            threading.Thread(target=lambda c=child, r=results: r.append(c.wait(30.0)), daemon=True),
+        ]
+        try:
+            for t in threads:
+                t.start()
+            threads[1].join(40.0)
+            assert not threads[1].is_alive(), "the wait never came back (blocked reading the guard's pipe)"
+            assert results == [0]
+        finally:
+            stop.set()
+            threads[0].join(5.0)
+            child.close()
+        assert polled and polled[-1] in (None, 0)
+        assert child.poll() == 0
+
+
 def test_version_comes_from_the_package_metadata(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

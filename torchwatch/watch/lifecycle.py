@@ -80,7 +80,12 @@ class Launched:
         self._guard = guard
         self.own_group = own_group
         self._ctl: int | None = ctl
-        self._status = status
+        self._status: int | None = status
+        # One reader of the status pipe at a time: the main thread waits in wait() while the
+        # analysis thread calls poll(); two readers once lost the "exit" line between one's
+        # select() and the other's read(), and the first then blocked in read() for good.
+        self._reading = threading.Lock()
+        os.set_blocking(status, False)
         self._buffer = b""
         self._eof = False
         self.args = list(args)
@@ -99,14 +104,19 @@ class Launched:
     def _line(self, timeout: float, wake_fd: int | None = None) -> str | None:
         """The next status line from the guard; ``None`` at end of file, after ``timeout`` s, or
         once ``wake_fd`` is readable."""
+        status = self._status
+        if status is None:
+            return None
         deadline = time.monotonic() + timeout
-        fds = [self._status] if wake_fd is None else [self._status, wake_fd]
+        fds = [status] if wake_fd is None else [status, wake_fd]
         while b"\n" not in self._buffer:
             left = max(0.0, deadline - time.monotonic())  # 0: look once without waiting
-            if self._status not in select.select(fds, [], [], left)[0]:
+            if status not in select.select(fds, [], [], left)[0]:
                 return None
             try:
-                data = os.read(self._status, 4096)
+                data = os.read(status, 4096)
+            except BlockingIOError:  # nothing after all (the descriptor never blocks)
+                continue
             except OSError:
                 data = b""
             if not data:
@@ -117,17 +127,38 @@ class Launched:
         return line.decode(errors="replace")
 
     def poll(self) -> int | None:
-        """The command's exit status once it has ended (non-blocking), else ``None``."""
-        return self.wait(0.0) if self.returncode is None else self.returncode
+        """The command's exit status once it has ended (non-blocking), else ``None``. From any
+        thread: while another thread waits (:meth:`wait`), that one reads the guard's news and
+        this returns what is known now."""
+        if self.returncode is not None or not self._reading.acquire(blocking=False):
+            return self.returncode
+        try:
+            return self._wait(0.0, None)
+        finally:
+            self._reading.release()
 
     def wait(self, timeout: float | None = None, wake_fd: int | None = None) -> int | None:
         """Wait up to ``timeout`` s (``None``: for ever) for the command to end; its status or ``None``.
+        One thread waits at a time; another's wait queues behind it, within its own timeout.
 
         Args:
             timeout: s to wait at most.
             wake_fd: a file descriptor that ends the wait early once readable
                 (:attr:`StopSignals.wake_fd`: a stop signal arrived); it is not read.
         """
+        if self.returncode is not None:
+            return self.returncode
+        start = time.monotonic()
+        if not self._reading.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return self.returncode
+        try:
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            return self._wait(left, wake_fd)
+        finally:
+            self._reading.release()
+
+    def _wait(self, timeout: float | None, wake_fd: int | None) -> int | None:
+        """:meth:`wait`, the reading lock held."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             left = 3600.0 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -136,6 +167,8 @@ class Launched:
                 if line.startswith("exit "):
                     self.returncode = int(line.split()[1])
                 continue
+            if self._status is None:  # closed: nothing more will come
+                break
             if wake_fd is not None and select.select([wake_fd], [], [], 0)[0]:
                 break
             if self._eof:
@@ -168,8 +201,12 @@ class Launched:
         self._tell(b"D")
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._guard.wait(timeout=5.0)
-        with contextlib.suppress(OSError):
-            os.close(self._status)
+        # not while another thread reads it (a closed number may be reused by the next open)
+        with self._reading:
+            status, self._status = self._status, None
+        if status is not None:
+            with contextlib.suppress(OSError):
+                os.close(status)
 
     def _tell(self, what: bytes) -> None:
         if self._ctl is None:
