@@ -3,11 +3,13 @@
 A global optimizer step post-hook appends ``time.monotonic()`` (CLOCK_MONOTONIC, comparable
 across processes) to an array, written to OUT (float64, native order) when the script exits.
 The script itself is unmodified: this is how ``bench/inject.py`` sees the pauses it causes.
+``OUT.cpu`` gets the training's own CPU seconds at exit (``bench/peers.py``).
 """
 
 import array
 import atexit
 import importlib
+import resource
 import runpy
 import sys
 import time
@@ -15,11 +17,18 @@ import time
 out, script = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[2:]
 stamps = array.array("d")
+with open(out + ".pid", "w") as _f:  # the training's PID (bench/peers.py tells its processes apart)
+    _f.write(str(__import__("os").getpid()))
 
 
 def _save() -> None:
     with open(out, "wb") as f:
         f.write(stamps.tobytes())
+    # the training's own CPU (user + system, s): this process and the children it reaped (its
+    # DataLoader workers), for bench/peers.py's inside/outside split
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(out + ".cpu", "w") as f:
+        f.write(repr(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime))
 
 
 atexit.register(_save)
