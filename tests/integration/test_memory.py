@@ -217,12 +217,21 @@ def _run_or_dump(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stacks = []
-        with contextlib.suppress(psutil.Error, OSError, subprocess.SubprocessError):
-            for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
-                dump = subprocess.run(
+        procs: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for p in procs:  # each on its own: a zombie (a training that died unreaped) is listed too
+            try:
+                state = f"{p.status()} {' '.join(p.cmdline())[:200]}"
+            except psutil.Error as exc:
+                state = type(exc).__name__
+            dump = ""
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                done = subprocess.run(
                     ["py-spy", "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=30, check=False
                 )
-                stacks.append(f"PID {p.pid} {' '.join(p.cmdline())[:200]}:\n{dump.stdout}{dump.stderr}")
+                dump = done.stdout + done.stderr
+            stacks.append(f"PID {p.pid} {state}:\n{dump}")
         proc.kill()
         out, err = proc.communicate()
         pytest.fail(f"still running after {timeout} s; stderr:\n{err[-3000:]}\nstacks:\n" + "\n".join(stacks))
