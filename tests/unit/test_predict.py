@@ -431,6 +431,24 @@ def test_any_reading_gives_a_ratio_inside_its_interval_or_a_reason(
         assert math.isfinite(p.high)
 
 
+@pytest.mark.parametrize("kind", ["num_workers", "cache", "neighbour", "sleep", "quota", "threads"])
+def test_step_times_spread_wide_over_few_steps_widen_the_interval_but_never_below_zero(kind: str) -> None:
+    """Beside two busy processes a report carried a low end of -0.06: the step time's spread
+    (p95 ten times p50, one step a second) made the relative widening larger than 1."""
+    wide = {"step_time_p50_ms": 50.0, "step_time_p95_ms": 500.0, "hook_steps_per_s": 1.0}
+    calm = {"step_time_p50_ms": 50.0, "step_time_p95_ms": 55.0, "hook_steps_per_s": 20.0}
+    base = {**_MAIN_FETCH, "cpu_wait_share": 0.3, "main_sleep_share": 0.2, "cpu_throttled_share": 0.2}
+    value = 2.0 if kind in ("num_workers", "threads") else None
+    p_wide = predict.predict_kind(kind, features(**{**base, **wide}), value)
+    p_calm = predict.predict_kind(kind, features(**{**base, **calm}), value)
+    if p_wide.ratio is None:
+        pytest.skip(f"{kind}: {p_wide.reason}")
+    sane(p_wide)
+    sane(p_calm)
+    assert p_wide.low is not None and p_calm.low is not None and p_wide.low < p_calm.low
+    assert p_wide.high is not None and p_calm.high is not None and p_wide.high > p_calm.high
+
+
 def test_a_cache_beside_one_busy_process_also_frees_the_cpu_the_loop_queued_for() -> None:
     # one worker on a CPU all its producing time, the loop waits on it 60 % of the step; beside one
     # busy process the loop's thread ran 0.2 and queued 0.1 (a share of 2/3: one other runnable
