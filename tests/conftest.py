@@ -188,6 +188,16 @@ PREMISE_PROPERTY = "premise"
 not hold (:func:`pytest_runtest_protocol` below)."""
 
 
+def _failure(reports: list[pytest.TestReport]) -> str:
+    """The first line of the first failure in ``reports`` (its exception's message), at most 300 characters."""
+    for r in reports:
+        if r.failed:
+            crash = getattr(r.longrepr, "reprcrash", None)
+            text = str(getattr(crash, "message", "") or r.longrepr or "")
+            return (text.strip().splitlines() or [""])[0][:300]
+    return ""
+
+
 class QuietPremise:
     """The plugin (registered by :func:`pytest_configure`) that runs each ``quiet`` test with its
     premise checked: a second ``pytest_runtest_protocol`` beside the lock's wrapper above, which
@@ -214,15 +224,20 @@ class QuietPremise:
             why = reading.end()
             if not (why and any(r.failed for r in reports)):
                 break
-            notes.append((PREMISE_PROPERTY, f"failed on attempt {attempt}, premise not held: {why}"))
+            # what failed, too: the premise once hid a product bug (a report that broke its schema
+            # under load) as a skip, and only this line said what the test had found
+            notes.append(
+                (PREMISE_PROPERTY, f"failed on attempt {attempt} ({_failure(reports)}), premise not held: {why}")
+            )
         else:
+            failure = _failure(reports)
             for r in reports:
                 if r.failed:
                     r.outcome = "skipped"
                     r.longrepr = (
                         str(item.path),
                         item.location[1] or 0,
-                        f"Skipped: premise not held (failed twice): {why}",
+                        f"Skipped: premise not held (failed twice: {failure}): {why}",
                     )
         for r in reports:
             if r.when == "teardown":
