@@ -8,39 +8,26 @@ traceml.trace_step(model):`` around each step's work. The demos' loop is ``demo/
 exactly those two lines there (the DataLoader's fetch stays outside ``trace_step``, as in
 TraceML's example), so the demo files stay as they are.
 
-As ``bench/_stepclock.py`` does, it records every optimizer step's end (``time.monotonic()``,
-float64) to OUT, and the training's own CPU (this process and the children it reaped, the
-DataLoader workers: user + system, s) to ``OUT.cpu`` at exit.
+It starts ``bench/_stepclock.py``'s clock (every optimizer step's end to OUT, the training's PID
+to ``OUT.pid``, its own CPU to ``OUT.cpu`` at exit) before TraceML's patches.
 """
 
-import array
-import atexit
 import importlib
+import importlib.util
 import inspect
-import resource
 import runpy
 import sys
-import time
 from pathlib import Path
+
+# the step clock by its path (bench/ itself on sys.path would put its scripts before the packages)
+_spec = importlib.util.spec_from_file_location("_stepclock", Path(__file__).resolve().with_name("_stepclock.py"))
+assert _spec is not None and _spec.loader is not None
+_stepclock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_stepclock)
 
 out, script = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[2:]
-stamps = array.array("d")
-with open(out + ".pid", "w") as _f:  # the training's PID (bench/peers.py tells its processes apart)
-    _f.write(str(__import__("os").getpid()))
-
-
-def _save() -> None:
-    with open(out, "wb") as f:
-        f.write(stamps.tobytes())
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    Path(out + ".cpu").write_text(repr(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime))
-
-
-atexit.register(_save)
-importlib.import_module("torch.optim.optimizer").register_optimizer_step_post_hook(
-    lambda opt, args, kwargs: stamps.append(time.monotonic())
-)
+_stepclock.start(out)
 
 import traceml_ai as traceml  # noqa: E402  (after the step clock: its own patches come on top)
 
